@@ -1,0 +1,86 @@
+"""Spark backend: ``np > 0`` runs a barrier-mode stage of np tasks, one rank per task."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from mlflow_hvd.agent import Sink
+from mlflow_hvd.backends.base import JobSpec
+from mlflow_hvd.messages import BackendFinished
+from mlflow_hvd.session import check_barrier_supported, wait_for_slots
+from mlflow_hvd.spark_task import TaskSpec, barrier_task
+
+
+class SparkBackend:
+    """Submits ``parallelize(range(np), np).barrier().mapPartitions(task)`` under a job group.
+
+    ``stop`` cancels the job group; Spark then kills the tasks' Python workers, whose own
+    worker processes die with them (parent-death signal).
+    """
+
+    name = "spark"
+
+    def __init__(self, spark: Any, slot_timeout: float = 30.0) -> None:
+        self._spark = spark
+        self._sc = spark.sparkContext
+        self._slot_timeout = slot_timeout
+        self._thread: threading.Thread | None = None
+        self._job_id: str | None = None
+
+    def start(self, job: JobSpec, sink: Sink) -> None:
+        check_barrier_supported(self._sc.getConf())
+        wait_for_slots(self._sc, job.np, self._slot_timeout)
+        spec = TaskSpec(
+            np=job.np,
+            payload=job.payload,
+            secret=job.secret,
+            driver_host=job.driver_host,
+            channel_port=job.channel_port,
+            rendezvous_port=job.rendezvous_port,
+            channel_timeout=job.channel_timeout,
+            max_line_bytes=job.max_line_bytes,
+            stop_grace=job.stop_grace,
+            gloo_iface=job.gloo_iface,
+        )
+        self._job_id = job.job_id
+        self._thread = threading.Thread(
+            target=self._submit,
+            args=(spec, job, sink),
+            name=f"mlflow-hvd-spark-{job.job_id}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _submit(self, spec: TaskSpec, job: JobSpec, sink: Sink) -> None:
+        try:
+            # Job group properties are thread-local: set them in the submitting thread.
+            self._sc.setJobGroup(job.job_id, job.description, interruptOnCancel=True)
+            rdd = self._sc.parallelize(range(job.np), job.np)
+            rdd.barrier().mapPartitions(barrier_task(spec)).collect()
+        except Exception as exc:
+            sink(BackendFinished(error=f"{type(exc).__name__}: {_first_line(exc)}"))
+        else:
+            sink(BackendFinished())
+
+    def stop(self) -> None:
+        if self._job_id is not None:
+            self._sc.cancelJobGroup(self._job_id)
+
+    def wait(self, timeout: float) -> bool:
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def close(self) -> None:
+        self.stop()
+        self.wait(60.0)
+
+    def describe(self) -> dict[str, str]:
+        return {"backend": self.name, "spark_master": str(self._sc.master)}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

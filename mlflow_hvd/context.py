@@ -1,0 +1,57 @@
+"""What a worker process knows about its run: the driver channel and its rank.
+
+Set once by :mod:`mlflow_hvd.worker` at start; read by :func:`log_to_driver` and the tracking
+API. Outside a worker (e.g. code run directly on the driver) nothing is installed and the
+functions fall back to local behaviour.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from mlflow_hvd.channel import ChannelClient
+from mlflow_hvd.messages import OutputLines, Stream
+
+_lock = threading.Lock()
+_client: ChannelClient | None = None
+_rank: int = 0
+
+
+def install(client: ChannelClient, rank: int) -> None:
+    """Called by the worker entry point before the user's function runs."""
+    global _client, _rank
+    with _lock:
+        _client, _rank = client, rank
+
+
+def driver_client() -> ChannelClient | None:
+    """The channel to the driver, or None outside a worker."""
+    return _client
+
+
+def log_to_driver(message: str) -> None:
+    """Send ``message`` to the driver, which prints it prefixed with this rank.
+
+    Shown with both ``driver_log_verbosity`` settings (this is what ``"log_callback_only"``
+    shows). Outside a HorovodRunner worker it prints to stdout. Blocks until the driver has
+    received it; keep it for progress messages, not per-step firehoses.
+    """
+    client = _client
+    if client is None:
+        print(message, flush=True)
+        return
+    client.send(OutputLines(_rank, Stream.LOG, (str(message),)))
+
+
+def current_rank() -> int:
+    """This worker's Horovod rank (0 outside a worker)."""
+    return _rank
+
+
+def _reset_for_tests() -> None:
+    global _client, _rank
+    with _lock:
+        _client, _rank = None, 0
+
+
+__all__ = ["current_rank", "driver_client", "install", "log_to_driver"]

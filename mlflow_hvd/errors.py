@@ -1,0 +1,150 @@
+"""The one exception hierarchy of mlflow_hvd.
+
+Every exception here survives pickling (it may be raised in a worker and re-raised on the
+driver), so each class keeps its constructor arguments in ``self.args`` order or defines
+``__reduce__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class MlflowHvdError(Exception):
+    """Base class of every error raised by mlflow_hvd."""
+
+
+class ConfigurationError(MlflowHvdError, ValueError):
+    """An argument or setting is invalid; the message names it and what to do."""
+
+
+class InsufficientSlotsError(ConfigurationError):
+    """The cluster cannot run ``np`` barrier tasks at once."""
+
+
+class SparkBarrierUnsupportedError(ConfigurationError):
+    """The Spark configuration cannot run a barrier-mode stage."""
+
+
+class StartTimeoutError(MlflowHvdError, TimeoutError):
+    """Not every rank started before the start deadline."""
+
+
+class RunTimeoutError(MlflowHvdError, TimeoutError):
+    """The job did not finish before the run deadline."""
+
+
+class ChannelError(MlflowHvdError):
+    """The worker-to-driver channel failed (connection, framing or authentication)."""
+
+
+class AuthenticationError(ChannelError):
+    """A message reached the driver without a valid signature for this run."""
+
+
+class BackendError(MlflowHvdError):
+    """The launch backend (e.g. the Spark job) failed outside of the user's code."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What is known about one failed rank.
+
+    Attributes:
+        rank: Horovod rank of the worker.
+        host: Host the worker ran on.
+        exit_code: Exit status; negative values are signals (``-9`` is SIGKILL); ``None`` if
+            the process was not seen exiting.
+        error: One-line summary of the error (``ValueError: boom``), empty if unknown.
+        traceback: The worker's own formatted traceback, empty if the worker died without one.
+        output_tail: The rank's last lines of output (stdout and stderr), for failures
+            without a traceback.
+        timestamp: Time (``time.time()``) the failure was observed.
+    """
+
+    rank: int
+    host: str
+    exit_code: int | None
+    error: str
+    traceback: str
+    output_tail: tuple[str, ...]
+    timestamp: float
+
+    def describe_exit(self) -> str:
+        """Human-readable exit status, e.g. ``exit code 3`` or ``killed by signal SIGKILL``."""
+        import signal
+
+        if self.exit_code is None:
+            return "no exit status"
+        if self.exit_code < 0:
+            try:
+                name = signal.Signals(-self.exit_code).name
+            except ValueError:
+                name = str(-self.exit_code)
+            return f"killed by signal {name}"
+        return f"exit code {self.exit_code}"
+
+
+class WorkerFailedError(MlflowHvdError):
+    """One or more ranks failed; the first failure is the root cause.
+
+    Attributes:
+        root_cause: The earliest failure.
+        failures: All failures observed, root cause first.
+        stopped_ranks: Ranks that were stopped by the driver after the root cause.
+    """
+
+    def __init__(
+        self,
+        root_cause: RankFailure,
+        failures: Sequence[RankFailure] = (),
+        stopped_ranks: Sequence[int] = (),
+    ) -> None:
+        self.root_cause = root_cause
+        self.failures = tuple(failures) or (root_cause,)
+        self.stopped_ranks = tuple(stopped_ranks)
+        super().__init__(self._format())
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.root_cause, self.failures, self.stopped_ranks))
+
+    @property
+    def rank(self) -> int:
+        return self.root_cause.rank
+
+    @property
+    def host(self) -> str:
+        return self.root_cause.host
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.root_cause.exit_code
+
+    def _format(self) -> str:
+        rc = self.root_cause
+        lines = [
+            f"Rank {rc.rank} on host {rc.host} failed ({rc.describe_exit()}) [root cause]"
+            + (f": {rc.error}" if rc.error else "")
+        ]
+        if rc.traceback:
+            lines.append(f"Traceback of rank {rc.rank}:")
+            lines.append(rc.traceback.rstrip())
+        elif rc.output_tail:
+            lines.append(f"Last {len(rc.output_tail)} lines of output of rank {rc.rank}:")
+            lines.extend(rc.output_tail)
+        else:
+            lines.append(f"Rank {rc.rank} wrote no traceback and no output.")
+        for other in self.failures:
+            if other is rc:
+                continue
+            lines.append(
+                f"Also failed afterwards: rank {other.rank} on host {other.host} "
+                f"({other.describe_exit()})" + (f": {other.error}" if other.error else "")
+            )
+        if self.stopped_ranks:
+            lines.append(
+                "Stopped by the driver after the root cause: ranks "
+                + ", ".join(str(r) for r in self.stopped_ranks)
+            )
+        return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""Pure builders: the rank layout, the per-rank environment and the worker command.
+
+No side effects here, so every function is unit-tested without processes. The layout and
+the HOROVOD_* variables come from horovod's own code (``get_host_assignments``,
+``create_slot_env_vars``, ``create_run_env_vars``), so ranks get exactly what ``horovodrun``
+would give them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+
+from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
+from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+
+from mlflow_hvd.messages import RankSlot
+
+WORKER_MODULE = "mlflow_hvd.worker"
+
+
+def assign_slots(task_hosts: Sequence[str]) -> tuple[RankSlot, ...]:
+    """Compute the Horovod layout for tasks placed on ``task_hosts``.
+
+    Args:
+        task_hosts: The host of each task, indexed by task (partition) number.
+
+    Returns:
+        The slot of each task, indexed like ``task_hosts``. Hosts are ordered by their first
+        task, ranks are contiguous per host (as horovodrun assigns them), and task 0 is
+        always rank 0.
+    """
+    if not task_hosts:
+        raise ValueError("task_hosts is empty: at least one task is needed")
+    order: list[str] = []
+    tasks_on: dict[str, list[int]] = {}
+    for task, host in enumerate(task_hosts):
+        if host not in tasks_on:
+            order.append(host)
+            tasks_on[host] = []
+        tasks_on[host].append(task)
+    hosts = [HostInfo(h, len(tasks_on[h])) for h in order]
+    plan: list[SlotInfo] = get_host_assignments(hosts, len(task_hosts), len(task_hosts))
+    by_task: dict[int, RankSlot] = {}
+    for info in plan:
+        task = tasks_on[info.hostname][info.local_rank]
+        by_task[task] = RankSlot(
+            hostname=info.hostname,
+            rank=info.rank,
+            local_rank=info.local_rank,
+            cross_rank=info.cross_rank,
+            size=info.size,
+            local_size=info.local_size,
+            cross_size=info.cross_size,
+        )
+    return tuple(by_task[t] for t in range(len(task_hosts)))
+
+
+def to_slot_infos(slots: Sequence[RankSlot]) -> list[SlotInfo]:
+    """Convert to horovod's ``SlotInfo`` (what ``RendezvousServer.init`` expects)."""
+    return [
+        SlotInfo(
+            hostname=s.hostname,
+            rank=s.rank,
+            local_rank=s.local_rank,
+            cross_rank=s.cross_rank,
+            size=s.size,
+            local_size=s.local_size,
+            cross_size=s.cross_size,
+        )
+        for s in slots
+    ]
+
+
+def rank_env(
+    slot: RankSlot, rendezvous_addr: str, rendezvous_port: int, iface: str
+) -> dict[str, str]:
+    """The environment variables one Gloo rank needs (and nothing secret).
+
+    Contains HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE/HOSTNAME,
+    HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo,
+    HOROVOD_GLOO_IFACE, and PYTHONUNBUFFERED=1 so that output streams live.
+    """
+    (info,) = to_slot_infos([slot])
+    env = {k: str(v) for k, v in create_slot_env_vars(info).items()}
+    env.update(
+        {
+            k: str(v)
+            for k, v in create_run_env_vars(rendezvous_addr, [iface], rendezvous_port).items()
+        }
+    )
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def worker_env(base: Mapping[str, str], rank_vars: Mapping[str, str]) -> dict[str, str]:
+    """The full environment of a worker: ``base`` without stale HOROVOD_* and run variables,
+    plus ``rank_vars``."""
+    env = {
+        k: v
+        for k, v in base.items()
+        if not k.startswith("HOROVOD_") and k not in ("MLFLOW_RUN_ID",)
+    }
+    env.update(rank_vars)
+    return env
+
+
+def worker_command(python: str | None = None) -> list[str]:
+    """The command that starts one worker. It carries no secret: that goes through stdin."""
+    return [python or sys.executable, "-m", WORKER_MODULE]

@@ -1,0 +1,109 @@
+"""Typed messages that cross process boundaries (worker or Spark task -> driver).
+
+All are frozen dataclasses of plain values so that they pickle small and compare by value.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Stream(enum.Enum):
+    """Where a line of worker output came from."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    LOG = "log"  # sent with mlflow_hvd.log_to_driver
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    """The position of one rank in the job, as Horovod's host assignment computes it."""
+
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+
+
+@dataclass(frozen=True)
+class LayoutReport:
+    """A Spark task reports the layout it computed from the barrier ``allGather``.
+
+    The driver initialises the rendezvous server with the first report (before any rank
+    starts, because the task waits for the acknowledgement) and checks the others agree.
+    """
+
+    partition: int
+    stage_attempt: int
+    slots: tuple[RankSlot, ...]
+
+
+@dataclass(frozen=True)
+class WorkerStarted:
+    """The worker process of ``rank`` is running and has reached the driver."""
+
+    rank: int
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class OutputLines:
+    """Lines of a rank's output, in order, each without its newline."""
+
+    rank: int
+    stream: Stream
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """Rank 0's return value, cloudpickled."""
+
+    rank: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class WorkerError:
+    """The user's function raised in ``rank``; sent before the worker exits non-zero."""
+
+    rank: int
+    host: str
+    error: str
+    traceback: str
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    """The worker process of ``rank`` ended; negative ``exit_code`` is a signal number."""
+
+    rank: int
+    host: str
+    exit_code: int
+    timestamp: float
+    stopped: bool = False  # True when the agent ended it because it was asked to stop
+
+
+@dataclass(frozen=True)
+class BackendFinished:
+    """The backend (e.g. the Spark barrier job) ended; ``error`` is empty on success."""
+
+    error: str = ""
+
+
+Message = (
+    LayoutReport
+    | WorkerStarted
+    | OutputLines
+    | WorkerResult
+    | WorkerError
+    | WorkerExited
+    | BackendFinished
+)

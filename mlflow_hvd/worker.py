@@ -1,0 +1,91 @@
+"""Worker entry point: ``python -m mlflow_hvd.worker``.
+
+Reads a :class:`~mlflow_hvd.agent.Bootstrap` line from stdin (the run secret never appears
+on the command line or in the environment), connects to the driver, runs ``main(**kwargs)``
+from the cloudpickled payload and reports the outcome:
+
+* rank 0 sends its return value (:class:`WorkerResult`), every rank exits 0 on success;
+* if ``main`` raises, the rank sends :class:`WorkerError` with its traceback and exits 1.
+
+The worker dies with its parent (PR_SET_PDEATHSIG plus a polling watchdog), so a killed
+Spark task or driver never leaves it behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+
+import cloudpickle
+
+from mlflow_hvd import context
+from mlflow_hvd.agent import Bootstrap
+from mlflow_hvd.channel import ChannelClient
+from mlflow_hvd.messages import WorkerError, WorkerResult, WorkerStarted
+from mlflow_hvd.procs import set_parent_death_signal
+
+EXIT_USER_ERROR = 1
+EXIT_ORPHANED = 70
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        if os.getppid() != parent_pid:
+            # Take the whole group (user subprocesses included) down with us.
+            try:
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+            finally:
+                os._exit(EXIT_ORPHANED)
+        time.sleep(0.5)
+
+
+def main() -> int:
+    boot = Bootstrap.from_json(sys.stdin.readline())
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != boot.parent_pid:
+        return EXIT_ORPHANED
+    threading.Thread(target=_watch_parent, args=(boot.parent_pid,), daemon=True).start()
+
+    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    host = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())
+    client = ChannelClient(
+        boot.driver_host, boot.driver_port, bytes.fromhex(boot.secret_hex), boot.channel_timeout
+    )
+    context.install(client, rank)
+    client.send(WorkerStarted(rank, host, os.getpid()))
+    try:
+        with open(boot.payload_path, "rb") as f:
+            fn, kwargs = cloudpickle.load(f)
+        value = fn(**kwargs)
+        if rank == 0:
+            client.send(WorkerResult(rank, cloudpickle.dumps(value)))
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            if rank == 0:
+                client.send(WorkerResult(rank, cloudpickle.dumps(None)))
+            return 0
+        return _report(client, rank, host, exc)
+    except BaseException as exc:
+        return _report(client, rank, host, exc)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return 0
+
+
+def _report(client: ChannelClient, rank: int, host: str, exc: BaseException) -> int:
+    tb = traceback.format_exc()
+    sys.stderr.write(tb)
+    sys.stderr.flush()
+    summary = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    client.send(WorkerError(rank, host, summary, tb, time.time()))
+    return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

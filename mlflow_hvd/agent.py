@@ -111,7 +111,19 @@ def run_worker(launch: WorkerLaunch, sink: Sink, stop: threading.Event) -> Worke
     )
     for t in (*pumps, sender):
         t.start()
-    stopped = False
+    stop_requested = threading.Event()
+    finished = threading.Event()
+
+    def watch_stop() -> None:
+        # Kept apart from the wait below so that the exit time is taken the moment it happens.
+        while not finished.is_set():
+            if stop.wait(0.05):
+                stop_requested.set()
+                terminate_group(proc, launch.stop_grace)
+                return
+
+    watcher = threading.Thread(target=watch_stop, daemon=True)
+    watcher.start()
     try:
         assert proc.stdin is not None
         try:
@@ -119,19 +131,17 @@ def run_worker(launch: WorkerLaunch, sink: Sink, stop: threading.Event) -> Worke
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        while proc.poll() is None:
-            if stop.wait(0.05):
-                stopped = True
-                break
+        proc.wait()
         ended = time.time()
     finally:
+        finished.set()
         code = terminate_group(proc, launch.stop_grace)
-        if stopped:
-            ended = time.time()
+        watcher.join(timeout=launch.stop_grace + 5)
         for p in pumps:
             p.join(timeout=10)
         lines.put(_EOF)
         sender.join(timeout=30)
+    stopped = stop_requested.is_set() and code < 0  # ended by us, not by itself
     exited = WorkerExited(launch.rank, launch.host, code, ended, stopped)
     sink(exited)
     return exited

@@ -65,6 +65,8 @@ class DriverSettings:
     channel_timeout: float = 60.0
     max_line_bytes: int = 16384
     gloo_iface: str | None = None
+    # After a failure and stop(), how long the other ranks get to report their exit.
+    report_grace: float = 15.0
 
 
 class _Rendezvous:
@@ -210,7 +212,7 @@ def _supervise(
     start_deadline = t0 + settings.start_timeout
     run_deadline = t0 + settings.run_timeout if settings.run_timeout else None
     # After a failure: how long to wait for the other ranks to report before giving up.
-    wind_down = settings.stop_grace + 15.0
+    wind_down = settings.stop_grace + settings.report_grace
     while len(state.exited) < np:
         now = time.monotonic()
         if state.first_failure_at is not None and now > state.first_failure_at + wind_down:

@@ -39,7 +39,7 @@ class LayoutReport:
     """
 
     partition: int
-    stage_attempt: int
+    attempt: int
     slots: tuple[RankSlot, ...]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
@@ -42,22 +43,49 @@ def task_slots(sc: Any) -> int:
     return int(jsc.maxNumConcurrentTasks(profile))
 
 
+def expected_slots(master: str, conf: Any) -> int | None:
+    """Slots the cluster will offer once every executor is up, when the master tells it.
+
+    ``local[N]`` and ``local-cluster[E,C,M]`` (and ``spark.executor.instances`` with
+    ``spark.executor.cores``) determine it; otherwise None (the cluster may still grow).
+    """
+    task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
+    m = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", master)
+    if m:
+        return int(m.group(1)) // task_cpus
+    if master in ("local", "local[1]"):
+        return 1
+    m = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if m:
+        return int(m.group(1)) * (int(m.group(2)) // task_cpus)
+    instances, cores = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
+    if instances and cores:
+        return int(instances) * (int(cores) // task_cpus)
+    return None
+
+
 def wait_for_slots(sc: Any, np: int, timeout: float) -> int:
     """Wait up to ``timeout`` seconds (executors may still be registering) for ``np`` slots.
+
+    Fails at once when the master's own size shows that ``np`` slots can never exist.
 
     Raises:
         InsufficientSlotsError: Fewer than ``np`` slots after the wait.
     """
     deadline = time.monotonic() + timeout
+    ceiling = expected_slots(str(sc.master), sc.getConf())
     while True:
         slots = task_slots(sc)
         if slots >= np:
             return slots
-        if time.monotonic() >= deadline:
+        if (ceiling is not None and ceiling < np) or time.monotonic() >= deadline:
             conf = sc.getConf()
             raise InsufficientSlotsError(
                 f"np={np} needs {np} concurrent barrier task slots but the Spark cluster "
-                f"(master {sc.master}) offers {slots} after waiting {timeout:.0f}s "
+                f"(master {sc.master}) offers {slots}"
+                + (f" and can offer at most {ceiling}" if ceiling is not None and ceiling < np
+                   else f" after waiting {timeout:.0f}s")
+                + " "
                 f"(spark.executor.cores={conf.get('spark.executor.cores', 'default')}, "
                 f"spark.task.cpus={conf.get('spark.task.cpus', '1')}). Lower np, add "
                 "executors or cores, or raise HorovodRunner(slot_timeout=...) if executors "

@@ -79,7 +79,7 @@ def barrier_task(spec: TaskSpec) -> Callable[[Iterable[int]], Iterator[int]]:
             spec.driver_host, spec.channel_port, spec.secret, spec.channel_timeout
         )
         try:
-            client.send(LayoutReport(partition, ctx.stageAttemptNumber(), slots))
+            client.send(LayoutReport(partition, ctx.attemptNumber(), slots))
             slot = slots[partition]
             iface = spec.gloo_iface or iface_towards(spec.driver_host)
             env = worker_env(

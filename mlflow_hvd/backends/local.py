@@ -30,7 +30,7 @@ class LocalBackend:
 
     def start(self, job: JobSpec, sink: Sink) -> None:
         slots = assign_slots([LOCAL_HOST] * job.np)
-        sink(LayoutReport(partition=0, stage_attempt=0, slots=slots))
+        sink(LayoutReport(partition=0, attempt=0, slots=slots))
         self._payload_dir = tempfile.TemporaryDirectory(prefix="mlflow-hvd-")
         payload_path = os.path.join(self._payload_dir.name, "payload.pkl")
         with open(os.open(payload_path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -59,7 +60,7 @@ class SparkBackend:
             rdd = self._sc.parallelize(range(job.np), job.np)
             rdd.barrier().mapPartitions(barrier_task(spec)).collect()
         except Exception as exc:
-            sink(BackendFinished(error=f"{type(exc).__name__}: {_first_line(exc)}"))
+            sink(BackendFinished(error=summarize_spark_error(exc)))
         else:
             sink(BackendFinished())
 
@@ -81,6 +82,21 @@ class SparkBackend:
         return {"backend": self.name, "spark_master": str(self._sc.master)}
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
+def summarize_spark_error(exc: BaseException) -> str:
+    """The useful line of a Spark job failure: the Python error raised in the task if any.
+
+    A failing task surfaces on the driver as a Py4JJavaError whose first line only says
+    ``An error occurred while calling ...collectAndServe``; the task's own Python error is a
+    line like ``ValueError: ...`` inside the embedded traceback.
+    """
+    text = str(exc)
+    python_errors = [
+        line.strip()
+        for line in text.splitlines()
+        if re.match(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", line)
+        and not line.strip().startswith(("at ", "org.apache", "py4j", "java."))
+    ]
+    if python_errors:
+        return python_errors[-1]
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}"

@@ -1,0 +1,60 @@
+"""Shared fixtures: one local-cluster SparkSession per test session, process helpers."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+# Workers and Spark's Python workers must use this interpreter (the project's venv).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """Two real executor JVMs with one core each: ``local-cluster[2,1,1024]``."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .appName("mlflow_hvd-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+def worker_processes() -> list[psutil.Process]:
+    """Live mlflow_hvd worker processes on this machine."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = proc.info["cmdline"] or []
+            if "mlflow_hvd.worker" in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def assert_no_workers_left(timeout: float = 20.0) -> None:
+    """Poll until no worker process is alive; fail with their pids after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = worker_processes()
+        if not alive:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"worker processes survived the run: {[p.pid for p in alive]}")
+        time.sleep(0.1)

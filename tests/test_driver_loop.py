@@ -1,0 +1,220 @@
+"""The driver loop, driven by a fake backend: no processes, no Spark."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Callable
+
+import cloudpickle
+import pytest
+
+from mlflow_hvd.agent import Sink
+from mlflow_hvd.backends.base import JobSpec
+from mlflow_hvd.driver import DriverSettings, Verbosity, run_job
+from mlflow_hvd.errors import BackendError, RunTimeoutError, StartTimeoutError, WorkerFailedError
+from mlflow_hvd.layout import assign_slots
+from mlflow_hvd.messages import (
+    BackendFinished,
+    LayoutReport,
+    Message,
+    OutputLines,
+    Stream,
+    WorkerError,
+    WorkerExited,
+    WorkerResult,
+    WorkerStarted,
+)
+
+Script = Callable[[Sink, threading.Event], None]
+
+
+class FakeBackend:
+    """Plays a script of messages from a thread; records stop/close calls."""
+
+    name = "fake"
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.stopped = threading.Event()
+        self.closed = False
+        self.job: JobSpec | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, job: JobSpec, sink: Sink) -> None:
+        self.job = job
+        sink(LayoutReport(0, 0, assign_slots(["h"] * job.np)))
+        self._thread = threading.Thread(target=self.script, args=(sink, self.stopped))
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def wait(self, timeout: float) -> bool:
+        assert self._thread is not None
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def close(self) -> None:
+        self.stop()
+        self.wait(10)
+        self.closed = True
+
+    def describe(self) -> dict[str, str]:
+        return {"backend": self.name}
+
+
+def _run(script: Script, np: int = 2, **settings: object) -> tuple[object, FakeBackend, str]:
+    backend = FakeBackend(script)
+    out = io.StringIO()
+    payload = run_job(np, b"", backend, DriverSettings(**settings), "127.0.0.1", "test", out)  # type: ignore[arg-type]
+    return cloudpickle.loads(payload), backend, out.getvalue()
+
+
+def _ok(sink: Sink, rank: int, value: object = None) -> None:
+    sink(WorkerStarted(rank, "h", 100 + rank))
+    if rank == 0:
+        sink(WorkerResult(0, cloudpickle.dumps(value)))
+    sink(WorkerExited(rank, "h", 0, time.time()))
+
+
+def _until_stopped(sink: Sink, stop: threading.Event, rank: int) -> None:
+    assert stop.wait(10), "driver never stopped the backend"
+    sink(WorkerExited(rank, "h", -15, time.time(), stopped=True))
+
+
+def test_success_returns_rank0_value_and_closes_backend() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        _ok(sink, 1)
+        _ok(sink, 0, {"answer": 42})
+
+    value, backend, _ = _run(script)
+    assert value == {"answer": 42}
+    assert backend.closed
+
+
+def test_log_callback_only_shows_log_lines_but_keeps_stdout_for_failures() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(OutputLines(1, Stream.STDOUT, ("noise",)))
+        sink(OutputLines(1, Stream.LOG, ("progress 50%",)))
+        _ok(sink, 1)
+        _ok(sink, 0)
+
+    _, _, out = _run(script)
+    assert out == "[1]<log>: progress 50%\n"
+
+
+def test_verbosity_all_shows_every_line_prefixed() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(OutputLines(1, Stream.STDOUT, ("a", "b")))
+        sink(OutputLines(0, Stream.STDERR, ("c",)))
+        _ok(sink, 1)
+        _ok(sink, 0)
+
+    _, _, out = _run(script, verbosity=Verbosity.ALL)
+    assert out == "[1]<stdout>: a\n[1]<stdout>: b\n[0]<stderr>: c\n"
+
+
+def test_first_failure_is_root_cause_and_others_are_stopped() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(WorkerStarted(0, "h", 1))
+        sink(WorkerStarted(1, "h", 2))
+        sink(WorkerStarted(2, "h", 3))
+        sink(OutputLines(1, Stream.STDOUT, ("working",)))
+        sink(WorkerError(1, "h", "ValueError: boom", "Traceback...\nValueError: boom\n", 10.0))
+        sink(WorkerExited(1, "h", 1, 10.5))
+        # rank 2 notices later and fails too; rank 0 is stopped by the driver
+        sink(WorkerError(2, "h", "HorovodInternalError: gone", "tb2", 11.0))
+        sink(WorkerExited(2, "h", 1, 11.5))
+        _until_stopped(sink, stop, 0)
+
+    with pytest.raises(WorkerFailedError) as info:
+        _run(script, np=3)
+    exc = info.value
+    assert (exc.rank, exc.host, exc.exit_code) == (1, "h", 1)
+    assert [f.rank for f in exc.failures] == [1, 2]
+    assert exc.stopped_ranks == (0,)
+    assert str(exc) == (
+        "Rank 1 on host h failed (exit code 1) [root cause]: ValueError: boom\n"
+        "Traceback of rank 1:\nTraceback...\nValueError: boom\n"
+        "Also failed afterwards: rank 2 on host h (exit code 1): HorovodInternalError: gone\n"
+        "Stopped by the driver after the root cause: ranks 0"
+    )
+
+
+def test_earliest_timestamp_wins_even_if_it_arrives_later() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(WorkerExited(0, "h", 1, 20.0))
+        sink(WorkerExited(1, "h", -9, 19.0))
+
+    with pytest.raises(WorkerFailedError) as info:
+        _run(script)
+    assert info.value.rank == 1
+    assert "killed by signal SIGKILL" in str(info.value)
+
+
+def test_rank_that_never_reports_after_failure_does_not_hang_the_driver() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(WorkerExited(1, "h", 3, 1.0))  # rank 0 never reports at all
+
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        _run(script, stop_grace=0.5, report_grace=0.5)
+    assert time.monotonic() - t0 < 5
+    assert info.value.stopped_ranks == (0,)
+
+
+def test_start_timeout_names_missing_ranks_and_setting() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(WorkerStarted(0, "h", 1))
+        stop.wait(10)
+
+    with pytest.raises(StartTimeoutError) as info:
+        _run(script, start_timeout=0.5)
+    assert str(info.value) == (
+        "1 of 2 ranks started within 0s (missing ranks: 1). Raise "
+        "HorovodRunner(start_timeout=...) if workers are slow to start, or check that the "
+        "cluster has free slots"
+    )
+
+
+def test_run_timeout() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(WorkerStarted(0, "h", 1))
+        sink(WorkerStarted(1, "h", 2))
+        stop.wait(10)
+
+    with pytest.raises(RunTimeoutError, match=r"did not finish within 1s \(0 of 2 ranks exited\)"):
+        _run(script, run_timeout=1.0)
+
+
+def test_backend_failure_is_reported() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(BackendFinished("SparkException: executor lost"))
+
+    with pytest.raises(BackendError, match=r"the fake backend failed before all ranks finished "
+                       r"\(0 of 2 exited\): SparkException: executor lost"):
+        _run(script)
+
+
+def test_all_exit_zero_without_result_is_an_error() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        for r in (0, 1):
+            sink(WorkerExited(r, "h", 0, 1.0))
+
+    with pytest.raises(BackendError, match="rank 0 sent no return value"):
+        _run(script)
+
+
+def test_secret_is_not_in_job_repr() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        _ok(sink, 0)
+
+    _, backend, _ = _run(script, np=1)
+    assert backend.job is not None
+    assert backend.job.secret.hex() not in repr(backend.job)
+    assert "secret" not in repr(backend.job)
+
+
+_ = Message

@@ -1,0 +1,76 @@
+"""Unit tests of the pure builders: rank layout, per-rank environment, worker command."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+
+from mlflow_hvd.layout import assign_slots, rank_env, to_slot_infos, worker_command, worker_env
+from mlflow_hvd.messages import RankSlot
+
+
+def test_two_tasks_on_one_host_are_local_ranks_of_one_node() -> None:
+    slots = assign_slots(["h1", "h1"])
+    assert slots == (
+        RankSlot("h1", rank=0, local_rank=0, cross_rank=0, size=2, local_size=2, cross_size=1),
+        RankSlot("h1", rank=1, local_rank=1, cross_rank=0, size=2, local_size=2, cross_size=1),
+    )
+
+
+def test_interleaved_hosts_get_contiguous_ranks_per_host_like_horovodrun() -> None:
+    # Tasks 0..3 landed on a, b, a, b: horovodrun with -H a:2,b:2 gives a ranks 0,1; b 2,3.
+    slots = assign_slots(["a", "b", "a", "b"])
+    assert [s.rank for s in slots] == [0, 2, 1, 3]
+    assert [s.local_rank for s in slots] == [0, 0, 1, 1]
+    assert [s.cross_rank for s in slots] == [0, 1, 0, 1]
+    assert {(s.local_size, s.cross_size, s.size) for s in slots} == {(2, 2, 4)}
+    expected = get_host_assignments([HostInfo("a", 2), HostInfo("b", 2)], 4, 4)
+    assert sorted(to_slot_infos(slots), key=lambda s: s.rank) == expected
+
+
+def test_uneven_hosts_cross_sizes_match_horovod() -> None:
+    slots = assign_slots(["a", "a", "a", "b"])
+    by_rank = {s.rank: s for s in slots}
+    assert by_rank[3] == RankSlot("b", 3, 0, 1, 4, 1, 2)
+    assert by_rank[2] == RankSlot("a", 2, 2, 0, 4, 3, 1)
+    assert slots[0].rank == 0
+
+
+def test_empty_host_list_is_rejected() -> None:
+    with pytest.raises(ValueError, match="task_hosts is empty"):
+        assign_slots([])
+
+
+def test_rank_env_has_every_variable_a_gloo_rank_needs() -> None:
+    slot = RankSlot("node-1", rank=3, local_rank=1, cross_rank=1, size=4, local_size=2,
+                    cross_size=2)
+    env = rank_env(slot, "10.0.0.5", 41234, "eth0")
+    assert env == {
+        "HOROVOD_HOSTNAME": "node-1",
+        "HOROVOD_RANK": "3",
+        "HOROVOD_SIZE": "4",
+        "HOROVOD_LOCAL_RANK": "1",
+        "HOROVOD_LOCAL_SIZE": "2",
+        "HOROVOD_CROSS_RANK": "1",
+        "HOROVOD_CROSS_SIZE": "2",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.5",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": "41234",
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": "eth0",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def test_worker_env_drops_stale_horovod_and_run_variables() -> None:
+    base = {"PATH": "/bin", "HOROVOD_RANK": "9", "HOROVOD_FOO": "x", "MLFLOW_RUN_ID": "abc"}
+    env = worker_env(base, {"HOROVOD_RANK": "1"})
+    assert env == {"PATH": "/bin", "HOROVOD_RANK": "1"}
+
+
+def test_worker_command_carries_no_secret() -> None:
+    assert worker_command() == [sys.executable, "-m", "mlflow_hvd.worker"]
+    assert worker_command("/opt/py") == ["/opt/py", "-m", "mlflow_hvd.worker"]

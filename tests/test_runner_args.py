@@ -1,0 +1,87 @@
+"""Argument validation of HorovodRunner: clear errors before anything starts."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+import pytest
+
+from mlflow_hvd import ConfigurationError, HorovodRunner
+from mlflow_hvd.errors import SparkBarrierUnsupportedError
+from mlflow_hvd.session import check_barrier_supported, expected_slots
+
+
+@pytest.mark.parametrize("np", [0])
+def test_np_zero(np: int) -> None:
+    with pytest.raises(ValueError, match=r"np=0 is not a valid number of processes: use np=-N"):
+        HorovodRunner(np=np)
+
+
+@pytest.mark.parametrize("np", [1.5, 2.0, "2", True, False, None])
+def test_np_must_be_a_plain_int(np: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"np must be a non-zero integer, got "):
+        HorovodRunner(np=np)  # type: ignore[arg-type]
+
+
+def test_signature_is_the_databricks_one_plus_keyword_only_extras() -> None:
+    params = inspect.signature(HorovodRunner).parameters
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    assert params["np"].default is inspect.Parameter.empty
+    assert params["driver_log_verbosity"].default == "log_callback_only"
+    with pytest.raises(TypeError):
+        HorovodRunner(2)  # type: ignore[misc]
+    runner = HorovodRunner(np=-2, driver_log_verbosity="all")
+    assert (runner.np, runner.num_processor, runner.driver_log_verbosity) == (-2, -2, "all")
+
+
+def test_bad_verbosity() -> None:
+    with pytest.raises(ConfigurationError, match=r"driver_log_verbosity must be 'all' or "
+                       r"'log_callback_only', got 'verbose'"):
+        HorovodRunner(np=-1, driver_log_verbosity="verbose")
+
+
+@pytest.mark.parametrize("name", ["start_timeout", "slot_timeout", "timeout", "stop_grace"])
+@pytest.mark.parametrize("value", [0, -1, "10", True])
+def test_bad_durations(name: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=rf"{name} must be a positive number of seconds"):
+        HorovodRunner(np=-1, **{name: value})  # type: ignore[arg-type]
+
+
+def test_bad_max_line_bytes() -> None:
+    with pytest.raises(ConfigurationError, match="max_line_bytes must be an int >= 80, got 10"):
+        HorovodRunner(np=-1, max_line_bytes=10)
+
+
+def test_main_must_be_callable() -> None:
+    with pytest.raises(ConfigurationError, match="main must be callable, got int"):
+        HorovodRunner(np=-1).run(3)  # type: ignore[arg-type]
+
+
+def test_unpicklable_kwargs_fail_before_any_process_starts() -> None:
+    with pytest.raises(ConfigurationError, match="cannot pickle main or its kwargs"):
+        HorovodRunner(np=-1).run(print, lock=threading.Lock())
+
+
+def test_dynamic_allocation_is_refused_with_the_setting_to_change() -> None:
+    with pytest.raises(SparkBarrierUnsupportedError,
+                       match="set spark.dynamicAllocation.enabled=false"):
+        check_barrier_supported({"spark.dynamicAllocation.enabled": "true"})
+    check_barrier_supported({"spark.dynamicAllocation.enabled": "false"})
+
+
+@pytest.mark.parametrize(
+    ("master", "conf", "slots"),
+    [
+        ("local[4]", {}, 4),
+        ("local[4]", {"spark.task.cpus": "2"}, 2),
+        ("local", {}, 1),
+        ("local-cluster[2,1,1024]", {}, 2),
+        ("local-cluster[3, 2, 512]", {}, 6),
+        ("spark://m:7077", {"spark.executor.instances": "5", "spark.executor.cores": "4"}, 20),
+        ("spark://m:7077", {}, None),
+        ("local[*]", {}, None),
+    ],
+)
+def test_expected_slots(master: str, conf: dict[str, str], slots: int | None) -> None:
+    assert expected_slots(master, conf) == slots

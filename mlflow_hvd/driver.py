@@ -45,6 +45,7 @@ from mlflow_hvd.messages import (
 )
 
 TAIL_LINES = 100
+EXIT_AFTER_ERROR = 2.0  # seconds a rank that reported an error gets to exit by itself
 
 
 class Verbosity(enum.Enum):
@@ -148,6 +149,7 @@ def run_job(
     description: str,
     out: TextIO | None = None,
     on_event: Callable[[object], None] | None = None,
+    job_id: str | None = None,
 ) -> bytes:
     """Run one job to completion and return rank 0's cloudpickled return value.
 
@@ -172,7 +174,7 @@ def run_job(
 
     secret = secrets.token_bytes(32)
     channel = ChannelServer(secret, on_message)
-    job_id = f"mlflow-hvd-{uuid.uuid4().hex[:12]}"
+    job_id = job_id or new_job_id()
     try:
         channel_port = channel.start()
         job = JobSpec(
@@ -213,6 +215,7 @@ def _supervise(
     run_deadline = t0 + settings.run_timeout if settings.run_timeout else None
     # After a failure: how long to wait for the other ranks to report before giving up.
     wind_down = settings.stop_grace + settings.report_grace
+    stop_sent = False
     while len(state.exited) < np:
         now = time.monotonic()
         if state.first_failure_at is not None and now > state.first_failure_at + wind_down:
@@ -241,15 +244,22 @@ def _supervise(
                     f"{state.backend_error}"
                 )
         try:
-            message = events.get(timeout=0.1)
+            message: object = events.get(timeout=0.1)
         except queue.Empty:
-            continue
-        _handle(message, state, settings, out)
-        if on_event is not None:
-            on_event(message)
+            message = None
+        if message is not None:
+            _handle(message, state, settings, out)
+            if on_event is not None:
+                on_event(message)
         if state.first_failure_at is None and state.failed():
             state.first_failure_at = time.monotonic()
-            backend.stop()
+        if state.first_failure_at is not None and not stop_sent:
+            # A rank that reported an error exits by itself right after; give it a moment so
+            # its real exit status is reported rather than our SIGTERM.
+            erring = set(state.errors) - set(state.exited)
+            if not erring or time.monotonic() > state.first_failure_at + EXIT_AFTER_ERROR:
+                stop_sent = True
+                backend.stop()
     if state.failed() or state.first_failure_at is not None:
         failures, stopped = state.failures()
         if failures:
@@ -284,6 +294,11 @@ def _handle(message: object, state: _State, settings: DriverSettings, out: TextI
     elif isinstance(message, BackendFinished):
         state.backend_done = True
         state.backend_error = message.error
+
+
+def new_job_id() -> str:
+    """A unique id for one run; also its Spark job group."""
+    return f"mlflow-hvd-{uuid.uuid4().hex[:12]}"
 
 
 def resolve_host(host: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 
 class Stream(enum.Enum):
@@ -15,6 +16,21 @@ class Stream(enum.Enum):
     STDOUT = "stdout"
     STDERR = "stderr"
     LOG = "log"  # sent with mlflow_hvd.log_to_driver
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What every rank runs: ``main(**kwargs)``, cloudpickled as a whole.
+
+    ``source_file``/``source_text`` describe the user module pickled by value, so that a
+    worker's traceback shows the real file name and source lines instead of cloudpickle's
+    anonymous ``<dynamic-code>``.
+    """
+
+    main: Any
+    kwargs: dict[str, Any]
+    source_file: str = ""
+    source_text: str = ""
 
 
 @dataclass(frozen=True)

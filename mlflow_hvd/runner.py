@@ -11,8 +11,9 @@ import cloudpickle
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.backends.local import LocalBackend
-from mlflow_hvd.driver import DriverSettings, Verbosity, resolve_host, run_job
+from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
 from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.messages import Payload
 
 
 def _check_np(np: object) -> int:
@@ -99,6 +100,8 @@ class HorovodRunner:
         )
         self._slot_timeout = float(slot_timeout)
         self._spark = spark
+        self.last_job_id: str | None = None
+        """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
 
     @property
     def np(self) -> int:
@@ -122,6 +125,7 @@ class HorovodRunner:
             raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
         payload = _dumps_payload(main, kwargs)
         backend, driver_host, desc = self._backend()
+        self.last_job_id = job_id = new_job_id()
         value = run_job(
             abs(self.num_processor),
             payload,
@@ -129,6 +133,7 @@ class HorovodRunner:
             self._settings,
             driver_host,
             f"HorovodRunner(np={self.num_processor}).run({_name(main)})" + desc,
+            job_id=job_id,
         )
         return cloudpickle.loads(value)
 
@@ -156,10 +161,17 @@ def _dumps_payload(main: Callable[..., Any], kwargs: dict[str, Any]) -> bytes:
     """
     module = sys.modules.get(getattr(main, "__module__", "") or "")
     by_value = module is not None and _is_user_module(module)
+    source_file = source_text = ""
     if by_value:
         cloudpickle.register_pickle_by_value(module)
+        source_file = os.path.realpath(module.__file__)  # type: ignore[union-attr]
+        try:
+            with open(source_file, encoding="utf-8") as f:
+                source_text = f.read()
+        except OSError:
+            source_text = ""
     try:
-        return cloudpickle.dumps((main, kwargs))
+        return cloudpickle.dumps(Payload(main, kwargs, source_file, source_text))
     except Exception as exc:
         raise ConfigurationError(
             f"cannot pickle main or its kwargs for the workers: {type(exc).__name__}: {exc}"

@@ -13,6 +13,7 @@ Spark task or driver never leaves it behind.
 
 from __future__ import annotations
 
+import linecache
 import os
 import signal
 import socket
@@ -26,11 +27,12 @@ import cloudpickle
 from mlflow_hvd import context
 from mlflow_hvd.agent import Bootstrap
 from mlflow_hvd.channel import ChannelClient
-from mlflow_hvd.messages import WorkerError, WorkerResult, WorkerStarted
+from mlflow_hvd.messages import Payload, WorkerError, WorkerResult, WorkerStarted
 from mlflow_hvd.procs import set_parent_death_signal
 
 EXIT_USER_ERROR = 1
 EXIT_ORPHANED = 70
+DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for by-value code
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -60,8 +62,9 @@ def main() -> int:
     client.send(WorkerStarted(rank, host, os.getpid()))
     try:
         with open(boot.payload_path, "rb") as f:
-            fn, kwargs = cloudpickle.load(f)
-        value = fn(**kwargs)
+            payload: Payload = cloudpickle.load(f)
+        _register_source(payload)
+        value = payload.main(**payload.kwargs)
         if rank == 0:
             client.send(WorkerResult(rank, cloudpickle.dumps(value)))
     except SystemExit as exc:
@@ -78,8 +81,22 @@ def main() -> int:
     return 0
 
 
+_source_file = ""
+
+
+def _register_source(payload: Payload) -> None:
+    """Let tracebacks show the by-value module's source lines (see :class:`Payload`)."""
+    global _source_file
+    if payload.source_file and payload.source_text:
+        lines = payload.source_text.splitlines(keepends=True)
+        linecache.cache[DYNAMIC_CODE] = (len(payload.source_text), None, lines, DYNAMIC_CODE)
+        _source_file = payload.source_file
+
+
 def _report(client: ChannelClient, rank: int, host: str, exc: BaseException) -> int:
     tb = traceback.format_exc()
+    if _source_file:
+        tb = tb.replace(f'File "{DYNAMIC_CODE}"', f'File "{_source_file}"')
     sys.stderr.write(tb)
     sys.stderr.flush()
     summary = f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -88,4 +105,11 @@ def _report(client: ChannelClient, rank: int, host: str, exc: BaseException) -> 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code != 0:
+        # A failed rank leaves at once: Horovod's atexit shutdown would wait for peers that
+        # are still inside a collective, and the driver is already stopping them.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

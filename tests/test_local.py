@@ -1,0 +1,79 @@
+"""Integration: real Horovod ranks as local processes (np < 0)."""
+
+from __future__ import annotations
+
+import pytest
+import workers
+from conftest import assert_no_workers_left
+
+from mlflow_hvd import HorovodRunner, WorkerFailedError
+
+
+def test_two_local_ranks_run_real_collectives(capsys: pytest.CaptureFixture[str]) -> None:
+    result = HorovodRunner(np=-2).run(workers.collectives, scale=2.0)
+    assert result["rank"] == 0  # rank 0's value comes back
+    assert (result["size"], result["local_size"], result["cross_size"]) == (2, 2, 1)
+    assert result["sum"] == [6.0]  # (1 + 2) * 2.0: kwargs arrived
+    assert result["mean"] == [0.5]
+    assert result["gathered"] == [0, 1, 10, 11]
+    assert result["broadcast"] == [100.0]
+    out = capsys.readouterr().out
+    # log_callback_only: the log_to_driver lines of both ranks, prefixed; no plain stdout
+    assert "[1]<log>: rank 1 of 2 says hi\n" in out
+    assert "[0]<log>: rank 0 of 2 says hi\n" in out
+    assert "hello from rank" not in out
+    assert_no_workers_left()
+
+
+def test_np_minus_one_is_a_single_process_and_verbosity_all_streams_stdout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    runner = HorovodRunner(np=-1, driver_log_verbosity="all", max_line_bytes=100)
+    assert runner.run(workers.long_line, nbytes=1000) == 1000
+    out = capsys.readouterr().out
+    assert f"[0]<stdout>: {'x' * 100} ...[line truncated: 900 more bytes]\n" in out
+    assert "[0]<stdout>: after the long line\n" in out
+    assert runner.run(workers.echo, a=1, b=[2, 3]) == {"kwargs": {"a": 1, "b": [2, 3]}, "rank": 0}
+
+
+def test_exception_on_rank_1_is_the_root_cause_with_its_traceback() -> None:
+    with pytest.raises(WorkerFailedError) as info:
+        HorovodRunner(np=-2, stop_grace=2).run(workers.raise_on_rank_1)
+    exc = info.value
+    tb = exc.root_cause.traceback
+    assert tb.startswith("Traceback (most recent call last):\n")
+    assert f'File "{workers.__file__}", line' in tb
+    assert 'raise ValueError("boom from rank 1")' in tb
+    assert tb.endswith("ValueError: boom from rank 1\n")
+    assert str(exc) == (
+        "Rank 1 on host localhost failed (exit code 1) [root cause]: "
+        "ValueError: boom from rank 1\n"
+        f"Traceback of rank 1:\n{tb.rstrip()}\n"
+        "Stopped by the driver after the root cause: ranks 0"
+    )
+    assert_no_workers_left()
+
+
+def test_exit_code_3_on_rank_1_shows_its_last_output() -> None:
+    with pytest.raises(WorkerFailedError) as info:
+        HorovodRunner(np=-2, stop_grace=2).run(workers.exit_3_on_rank_1)
+    assert str(info.value) == (
+        "Rank 1 on host localhost failed (exit code 3) [root cause]\n"
+        "Last 1 lines of output of rank 1:\n"
+        "[1]<stdout>: rank 1 about to exit with status 3\n"
+        "Stopped by the driver after the root cause: ranks 0"
+    )
+    assert info.value.exit_code == 3
+    assert_no_workers_left()
+
+
+def test_sigkill_on_rank_1_is_reported_as_a_signal() -> None:
+    with pytest.raises(WorkerFailedError) as info:
+        HorovodRunner(np=-2, stop_grace=2).run(workers.sigkill_on_rank_1)
+    assert str(info.value) == (
+        "Rank 1 on host localhost failed (killed by signal SIGKILL) [root cause]\n"
+        "Last 1 lines of output of rank 1:\n"
+        "[1]<stdout>: rank 1 about to SIGKILL itself\n"
+        "Stopped by the driver after the root cause: ranks 0"
+    )
+    assert_no_workers_left()

@@ -6,6 +6,7 @@ driver for local processes (the sink puts on the driver's queue).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import subprocess
@@ -13,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, cast
 
 from mlflow_hvd.messages import Message, OutputLines, Stream, WorkerExited
 from mlflow_hvd.procs import terminate_group
@@ -174,9 +175,9 @@ def _send_batches(lines: queue.Queue[object], rank: int, sink: Sink) -> None:
             if entry is _EOF:
                 done = True
                 break
-            kind, text = entry  # type: ignore[misc]
-            if kind is not current and group:
-                _safe_sink(sink, OutputLines(rank, current, tuple(group)))  # type: ignore[arg-type]
+            kind, text = cast(tuple[Stream, str], entry)
+            if kind is not current and group and current is not None:
+                _safe_sink(sink, OutputLines(rank, current, tuple(group)))
                 group = []
             current = kind
             group.append(text)
@@ -185,7 +186,6 @@ def _send_batches(lines: queue.Queue[object], rank: int, sink: Sink) -> None:
 
 
 def _safe_sink(sink: Sink, message: Message) -> None:
-    try:
+    # Output forwarding is best effort; the exit report is not.
+    with contextlib.suppress(Exception):
         sink(message)
-    except Exception:  # output forwarding is best effort; the exit report is not
-        pass

@@ -9,6 +9,7 @@ acknowledged with one byte, which gives senders back-pressure and ordering: when
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -89,10 +90,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 return
             except AuthenticationError as exc:
                 self.server.note_rejected(self.client_address, exc)
-                try:
+                with contextlib.suppress(OSError):
                     sock.sendall(ACK_REJECTED)
-                except OSError:
-                    pass
                 return
             except OSError:
                 return
@@ -212,7 +211,5 @@ class ChannelClient:
             )
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._sock.close()
-        except OSError:
-            pass

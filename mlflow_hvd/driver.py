@@ -218,8 +218,10 @@ def _supervise(
     stop_sent = False
     while len(state.exited) < np:
         now = time.monotonic()
-        if state.first_failure_at is not None and now > state.first_failure_at + wind_down:
-            break
+        if state.first_failure_at is not None and (
+            now > state.first_failure_at + wind_down or (stop_sent and state.backend_done)
+        ):
+            break  # the backend has ended: no further reports can come
         if state.first_failure_at is None:
             if len(state.started) < np and now > start_deadline:
                 backend.stop()

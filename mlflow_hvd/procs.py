@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -31,10 +32,8 @@ def terminate_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> int:
     """
     if proc.poll() is None:
         _signal_group(proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
     # Grandchildren may outlive the leader; the group is killed either way.
     _signal_group(proc.pid, signal.SIGKILL)
     deadline = time.monotonic() + max(grace, 1.0)
@@ -45,7 +44,5 @@ def terminate_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> int:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -164,7 +164,7 @@ def _dumps_payload(main: Callable[..., Any], kwargs: dict[str, Any]) -> bytes:
     source_file = source_text = ""
     if by_value:
         cloudpickle.register_pickle_by_value(module)
-        source_file = os.path.realpath(module.__file__)  # type: ignore[union-attr]
+        source_file = os.path.realpath(str(module.__file__))  # type: ignore[union-attr]
         try:
             with open(source_file, encoding="utf-8") as f:
                 source_text = f.read()

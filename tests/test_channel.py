@@ -126,7 +126,8 @@ def test_unreachable_driver_names_address_and_what_to_check() -> None:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    with pytest.raises(ChannelError, match=rf"cannot reach the mlflow_hvd driver at 127.0.0.1:{port}"):
+    expected = rf"cannot reach the mlflow_hvd driver at 127.0.0.1:{port}"
+    with pytest.raises(ChannelError, match=expected):
         ChannelClient("127.0.0.1", port, SECRET, timeout=2)
 
 

@@ -83,8 +83,9 @@ class LocalBackend:
         return not any(t.is_alive() for t in self._threads)
 
     def close(self) -> None:
-        self.stop()
-        self.wait(30.0)
+        if not self.wait(5.0):
+            self.stop()
+            self.wait(30.0)
         if self._payload_dir is not None:
             self._payload_dir.cleanup()
             self._payload_dir = None

@@ -1,0 +1,92 @@
+"""Integration: real Horovod ranks in Spark barrier tasks on local-cluster[2,1,1024]."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import workers
+from conftest import assert_no_workers_left
+
+from mlflow_hvd import HorovodRunner, InsufficientSlotsError, WorkerFailedError
+
+pytestmark = pytest.mark.spark
+
+
+def _no_active_jobs(spark: Any, timeout: float = 30.0) -> None:
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout
+    while tracker.getActiveJobsIds():
+        if time.monotonic() > deadline:
+            pytest.fail(f"Spark jobs still active: {tracker.getActiveJobsIds()}")
+        time.sleep(0.1)
+
+
+def test_two_barrier_tasks_run_real_collectives(
+    spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runner = HorovodRunner(np=2, spark=spark)
+    result = runner.run(workers.collectives, scale=3.0)
+    assert result["rank"] == 0
+    # both executors run on this machine: one host, two local ranks, as horovodrun assigns
+    assert (result["size"], result["local_size"], result["cross_size"]) == (2, 2, 1)
+    assert result["sum"] == [9.0]
+    assert result["mean"] == [0.5]
+    assert result["gathered"] == [0, 1, 10, 11]
+    assert result["broadcast"] == [100.0]
+    out = capsys.readouterr().out
+    assert "[1]<log>: rank 1 of 2 says hi\n" in out
+    assert "[0]<log>: rank 0 of 2 says hi\n" in out
+    # the run is one Spark job in its own job group, visible in the Spark UI
+    tracker = spark.sparkContext.statusTracker()
+    (job_id,) = tracker.getJobIdsForGroup(runner.last_job_id)
+    assert tracker.getJobInfo(job_id).status == "SUCCEEDED"
+    assert_no_workers_left()
+
+
+def test_exception_on_rank_1_cancels_the_job_and_leaves_no_worker(spark: Any) -> None:
+    runner = HorovodRunner(np=2, spark=spark, stop_grace=2)
+    with pytest.raises(WorkerFailedError) as info:
+        runner.run(workers.raise_on_rank_1)
+    exc = info.value
+    tb = exc.root_cause.traceback
+    assert tb.endswith("ValueError: boom from rank 1\n")
+    assert str(exc) == (
+        f"Rank 1 on host {exc.host} failed (exit code 1) [root cause]: "
+        "ValueError: boom from rank 1\n"
+        f"Traceback of rank 1:\n{tb.rstrip()}\n"
+        "Stopped by the driver after the root cause: ranks 0"
+    )
+    _no_active_jobs(spark)
+    tracker = spark.sparkContext.statusTracker()
+    (job_id,) = tracker.getJobIdsForGroup(runner.last_job_id)
+    assert tracker.getJobInfo(job_id).status == "FAILED"  # cancelled, not retried
+    assert_no_workers_left()
+
+
+def test_sigkill_on_rank_1_in_a_barrier_task(spark: Any) -> None:
+    with pytest.raises(WorkerFailedError) as info:
+        HorovodRunner(np=2, spark=spark, stop_grace=2).run(workers.sigkill_on_rank_1)
+    assert str(info.value) == (
+        f"Rank 1 on host {info.value.host} failed (killed by signal SIGKILL) [root cause]\n"
+        "Last 1 lines of output of rank 1:\n"
+        "[1]<stdout>: rank 1 about to SIGKILL itself\n"
+        "Stopped by the driver after the root cause: ranks 0"
+    )
+    _no_active_jobs(spark)
+    assert_no_workers_left()
+
+
+def test_np_larger_than_the_cluster_fails_at_once(spark: Any) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(InsufficientSlotsError) as info:
+        HorovodRunner(np=3, spark=spark).run(workers.echo)
+    assert time.monotonic() - t0 < 5
+    assert str(info.value) == (
+        "np=3 needs 3 concurrent barrier task slots but the Spark cluster (master "
+        "local-cluster[2,1,1024]) offers 2 and can offer at most 2 (spark.executor.cores="
+        "default, spark.task.cpus=1). Lower np, add executors or cores, or raise "
+        "HorovodRunner(slot_timeout=...) if executors are still starting"
+    )
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []

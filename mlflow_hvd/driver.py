@@ -191,10 +191,15 @@ def run_job(
             stop_grace=settings.stop_grace,
             gloo_iface=settings.gloo_iface,
         )
+        finished = False
         try:
             backend.start(job, on_message)
-            return _supervise(np, events, backend, settings, out or sys.stdout, on_event)
+            payload = _supervise(np, events, backend, settings, out or sys.stdout, on_event)
+            finished = True
+            return payload
         finally:
+            if not finished:  # failure, deadline or Ctrl-C: stop now, don't wait
+                backend.stop()
             backend.close()
     finally:
         channel.stop()

@@ -19,6 +19,17 @@ class Stream(enum.Enum):
 
 
 @dataclass(frozen=True)
+class TrackingTarget:
+    """The driver's MLflow run, as workers need it (explicitly: ``mlflow.start_run()`` on
+    the driver removes ``MLFLOW_RUN_ID`` from the environment)."""
+
+    tracking_uri: str
+    run_id: str
+    experiment_id: str
+    system_metrics: bool = False
+
+
+@dataclass(frozen=True)
 class Payload:
     """What every rank runs: ``main(**kwargs)``, cloudpickled as a whole.
 
@@ -31,6 +42,7 @@ class Payload:
     kwargs: dict[str, Any]
     source_file: str = ""
     source_text: str = ""
+    tracking: TrackingTarget | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.backends.local import LocalBackend
 from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.messages import Payload
+from mlflow_hvd.messages import Payload, TrackingTarget
 
 
 def _check_np(np: object) -> int:
@@ -58,6 +58,11 @@ class HorovodRunner:
         gloo_iface: Network interface for Gloo (default: the one routing to the driver).
         max_line_bytes: Longer output lines are cut with a ``...[line truncated: N more
             bytes]`` marker.
+        track: Log the job into one MLflow run owned by the driver: the active run, the
+            run of ``mlflow run`` (``MLFLOW_RUN_ID``), or a new run that ``run`` ends with
+            status FINISHED, FAILED or KILLED. Rank 0 logs into it through
+            :mod:`mlflow_hvd.tracking`. ``False``: no MLflow at all.
+        log_system_metrics: Also log MLflow system metrics, once per node.
     """
 
     def __init__(
@@ -72,6 +77,8 @@ class HorovodRunner:
         spark: Any = None,
         gloo_iface: str | None = None,
         max_line_bytes: int = 16384,
+        track: bool = True,
+        log_system_metrics: bool = False,
     ) -> None:
         self.num_processor = _check_np(np)
         try:
@@ -100,7 +107,10 @@ class HorovodRunner:
         )
         self._slot_timeout = float(slot_timeout)
         self._spark = spark
+        self._track = bool(track)
+        self._system_metrics = bool(log_system_metrics)
         self.last_job_id: str | None = None
+        self.last_run_id: str | None = None
         """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
 
     @property
@@ -123,36 +133,54 @@ class HorovodRunner:
         """
         if not callable(main):
             raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
-        payload = _dumps_payload(main, kwargs)
-        backend, driver_host, desc = self._backend()
+        _dumps_payload(main, kwargs)  # fail on unpicklable input before touching MLflow
+        backend, driver_host = self._backend()
+        if not self._track:
+            return self._launch(main, kwargs, backend, driver_host, None)
+        from mlflow_hvd.mlflow_run import driver_run
+
+        with driver_run(self.num_processor, backend.describe(), self._system_metrics) as target:
+            self.last_run_id = target.run_id
+            return self._launch(main, kwargs, backend, driver_host, target)
+
+    def _launch(
+        self,
+        main: Callable[..., Any],
+        kwargs: dict[str, Any],
+        backend: Backend,
+        driver_host: str,
+        target: TrackingTarget | None,
+    ) -> Any:
         self.last_job_id = job_id = new_job_id()
         value = run_job(
             abs(self.num_processor),
-            payload,
+            _dumps_payload(main, kwargs, target),
             backend,
             self._settings,
             driver_host,
-            f"HorovodRunner(np={self.num_processor}).run({_name(main)})" + desc,
+            f"HorovodRunner(np={self.num_processor}).run({_name(main)})",
             job_id=job_id,
         )
         return cloudpickle.loads(value)
 
-    def _backend(self) -> tuple[Backend, str, str]:
+    def _backend(self) -> tuple[Backend, str]:
         if self.num_processor < 0:
-            return LocalBackend(), "127.0.0.1", ""
+            return LocalBackend(), "127.0.0.1"
         from mlflow_hvd.backends.spark import SparkBackend
         from mlflow_hvd.session import get_or_create_session
 
         spark = self._spark or get_or_create_session(self.num_processor)
         host = spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
-        return SparkBackend(spark, self._slot_timeout), resolve_host(host), ""
+        return SparkBackend(spark, self._slot_timeout), resolve_host(host)
 
 
 def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def _dumps_payload(main: Callable[..., Any], kwargs: dict[str, Any]) -> bytes:
+def _dumps_payload(
+    main: Callable[..., Any], kwargs: dict[str, Any], target: TrackingTarget | None = None
+) -> bytes:
     """cloudpickle ``(main, kwargs)``; the caller's own module goes by value.
 
     Installed packages stay by reference (workers import them); a module of the user's
@@ -171,7 +199,7 @@ def _dumps_payload(main: Callable[..., Any], kwargs: dict[str, Any]) -> bytes:
         except OSError:
             source_text = ""
     try:
-        return cloudpickle.dumps(Payload(main, kwargs, source_file, source_text))
+        return cloudpickle.dumps(Payload(main, kwargs, source_file, source_text, target))
     except Exception as exc:
         raise ConfigurationError(
             f"cannot pickle main or its kwargs for the workers: {type(exc).__name__}: {exc}"

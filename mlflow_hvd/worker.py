@@ -13,6 +13,7 @@ Spark task or driver never leaves it behind.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import signal
@@ -24,7 +25,7 @@ import traceback
 
 import cloudpickle
 
-from mlflow_hvd import context
+from mlflow_hvd import context, tracking
 from mlflow_hvd.agent import Bootstrap
 from mlflow_hvd.channel import ChannelClient
 from mlflow_hvd.messages import Payload, WorkerError, WorkerResult, WorkerStarted
@@ -64,16 +65,20 @@ def main() -> int:
         with open(boot.payload_path, "rb") as f:
             payload: Payload = cloudpickle.load(f)
         _register_source(payload)
-        value = payload.main(**payload.kwargs)
+        local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+        tracking.configure(payload.tracking, rank, local_rank, host)
+        try:
+            value = payload.main(**payload.kwargs)
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+            value = None
+        tracking.shutdown()  # nothing logged is lost: flush before reporting success
         if rank == 0:
             client.send(WorkerResult(rank, cloudpickle.dumps(value)))
-    except SystemExit as exc:
-        if exc.code in (0, None):
-            if rank == 0:
-                client.send(WorkerResult(rank, cloudpickle.dumps(None)))
-            return 0
-        return _report(client, rank, host, exc)
     except BaseException as exc:
+        with contextlib.suppress(Exception):
+            tracking.shutdown()  # keep what was logged up to the failure
         return _report(client, rank, host, exc)
     finally:
         sys.stdout.flush()
@@ -94,7 +99,7 @@ def _register_source(payload: Payload) -> None:
 
 
 def _report(client: ChannelClient, rank: int, host: str, exc: BaseException) -> int:
-    tb = traceback.format_exc()
+    tb = "".join(traceback.format_exception(exc))
     if _source_file:
         tb = tb.replace(f'File "{DYNAMIC_CODE}"', f'File "{_source_file}"')
     sys.stderr.write(tb)

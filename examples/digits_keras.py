@@ -1,0 +1,144 @@
+"""examples/digits_single.py migrated to Horovod, tracked in MLflow: the eight steps.
+
+Every rank runs :func:`train`; ``HorovodRunner(np=...).run(train, ...)`` (see
+examples/train.py) starts the ranks and returns rank 0's result. The numbered comments are
+the migration steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def load_data(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits (offline), scaled to [0, 1]; 25% held out."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = (digits.images / 16.0).astype("float32")[..., None]
+    y = digits.target.astype("int64")
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=0.25, random_state=seed, stratify=y
+    )
+    return x_train, y_train, x_test, y_test
+
+
+def build_model() -> Any:
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(16, 3, activation="relu", padding="same"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu", padding="same"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+
+
+def train(
+    epochs: int = 5,
+    batch_size: int = 32,
+    learning_rate: float = 0.001,
+    warmup_epochs: int = 1,
+    seed: int = 0,
+    fail_at_epoch: int | None = None,
+    log_model: bool = True,
+) -> dict[str, Any]:
+    """Train on this rank's shard; returns held-out metrics (rank 0's reach the driver).
+
+    ``fail_at_epoch`` makes rank 1 (or rank 0 when alone) crash at the start of that epoch:
+    it exists to demonstrate and test resuming from the last checkpoint.
+    """
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    import mlflow_hvd
+    from mlflow_hvd import tracking
+    from mlflow_hvd import keras as hvd_keras
+    from mlflow_hvd.data import shard_arrays
+
+    # 1. Initialise Horovod.
+    hvd.init()
+
+    # 2. Pin one GPU per process (local rank); skipped on CPU-only machines.
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+
+    keras.utils.set_random_seed(seed + hvd.rank())
+
+    # 3. Shard the data: every rank a distinct, equal-size shard (remainder dropped).
+    x_train, y_train, x_test, y_test = load_data(seed)
+    x_shard, y_shard = shard_arrays([x_train, y_train], hvd.rank(), hvd.size(), seed=seed)
+    steps_per_epoch = -(-len(x_shard) // batch_size)  # equal on every rank: equal shards
+
+    # 4. Scale the learning rate by the number of workers (warmed up from lr).
+    scaled_lr = hvd_keras.scale_learning_rate(learning_rate)
+
+    # 5. Wrap the optimizer: gradients are averaged across ranks every step.
+    optimizer = hvd_keras.DistributedOptimizer(keras.optimizers.Adam(scaled_lr))
+    model = build_model()
+    model.compile(
+        optimizer=optimizer,
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        jit_compile=False,
+    )
+
+    # Resume: continue after the run's latest checkpoint, if it has one.
+    initial_epoch = hvd_keras.restore_from_checkpoint(model)
+    if initial_epoch:
+        mlflow_hvd.log_to_driver(f"resuming at epoch {initial_epoch}")
+
+    tracking.log_params(
+        {"shard_size": len(x_shard), "batch_size_per_rank": batch_size, "seed": seed}
+    )
+
+    class FailAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            if fail_at_epoch is not None and epoch == fail_at_epoch and (
+                hvd.rank() == min(1, hvd.size() - 1)
+            ):
+                raise RuntimeError(f"injected failure at the start of epoch {epoch}")
+
+    class Progress(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if hvd.rank() == 0:
+                shown = " ".join(f"{k}={float(v):.4f}" for k, v in sorted((logs or {}).items()))
+                mlflow_hvd.log_to_driver(f"epoch {epoch + 1}/{epochs} {shown}")
+
+    callbacks = [
+        # 6. Broadcast the initial state (weights, optimizer) from rank 0.
+        hvd_keras.BroadcastGlobalVariablesCallback(0),
+        hvd_keras.LearningRateWarmupCallback(scaled_lr, warmup_epochs, steps_per_epoch),
+        hvd_keras.MetricAverageCallback(),
+        # 7. Checkpoints (and metrics) only on rank 0, as MLflow artifacts.
+        hvd_keras.MlflowCallback(checkpoint=True),
+        Progress(),
+        FailAt(),
+    ]
+    model.fit(
+        x_shard,
+        y_shard,
+        batch_size=batch_size,
+        epochs=epochs,
+        initial_epoch=initial_epoch,
+        validation_data=(x_test, y_test),
+        callbacks=callbacks,
+        # 8. Only rank 0 talks: progress bars and logs from one rank, not N.
+        verbose=0,
+    )
+    loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
+    tracking.log_metrics({"test_loss": loss, "test_accuracy": accuracy}, step=epochs - 1)
+    if log_model:
+        tracking.log_model(model, name="model", input_example=x_test[:2])
+    return {"test_loss": float(loss), "test_accuracy": float(accuracy), "epochs": epochs}

@@ -1,0 +1,59 @@
+"""Per-rank data sharding: every rank gets a distinct, equal-size shard.
+
+Equal shard sizes matter in synchronous data-parallel training: with unequal shards one rank
+runs out of batches first and the others block in an allreduce it never joins. The
+remainder (``n % size`` rows) is therefore dropped; it is never more than ``size - 1`` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from mlflow_hvd.errors import ConfigurationError
+
+
+def shard_bounds(n: int, rank: int, size: int) -> tuple[int, int]:
+    """``[start, stop)`` of ``rank``'s contiguous shard of ``n`` rows.
+
+    Every shard has ``n // size`` rows; the last ``n % size`` rows belong to no shard.
+
+    Raises:
+        ConfigurationError: ``size < 1``, ``rank`` outside ``[0, size)``, or fewer rows
+            than ranks (some rank would get nothing to train on).
+    """
+    if size < 1:
+        raise ConfigurationError(f"size must be >= 1, got {size}")
+    if not 0 <= rank < size:
+        raise ConfigurationError(f"rank must be in [0, {size}), got {rank}")
+    if n < size:
+        raise ConfigurationError(
+            f"cannot shard {n} rows over {size} ranks: every rank needs at least one row; "
+            "use more data or fewer processes (np)"
+        )
+    per_rank = n // size
+    return rank * per_rank, (rank + 1) * per_rank
+
+
+def shard_indices(n: int, rank: int, size: int, seed: int | None = None) -> np.ndarray:
+    """Row indices of ``rank``'s shard; with ``seed``, rows are shuffled first (the same
+    permutation on every rank, so shards stay disjoint)."""
+    start, stop = shard_bounds(n, rank, size)
+    order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
+    return order[start:stop]
+
+
+def shard_arrays(
+    arrays: Sequence[np.ndarray], rank: int, size: int, seed: int | None = None
+) -> list[np.ndarray]:
+    """The same rows of every array (features, labels, ...) for ``rank``."""
+    if not arrays:
+        raise ConfigurationError("shard_arrays needs at least one array")
+    n = len(arrays[0])
+    if any(len(a) != n for a in arrays):
+        raise ConfigurationError(
+            f"arrays to shard have different lengths: {[len(a) for a in arrays]}"
+        )
+    idx = shard_indices(n, rank, size, seed)
+    return [a[idx] for a in arrays]

@@ -1,0 +1,181 @@
+"""A Keras 3 integration for Horovod, built on ``horovod.tensorflow`` collectives.
+
+``horovod.tensorflow.keras`` no longer works with Keras 3 (the default ``tf.keras`` since
+TensorFlow 2.16). This module provides what it used to:
+
+* :func:`DistributedOptimizer` - averages gradients across ranks (one fused
+  ``grouped_allreduce`` per step) inside Keras' compiled ``train_step``, so ``model.fit``
+  works unchanged;
+* :class:`BroadcastGlobalVariablesCallback` - rank 0's model and optimizer state to all;
+* :class:`MetricAverageCallback` - epoch metrics averaged over ranks;
+* :func:`scale_learning_rate` and :class:`LearningRateWarmupCallback`.
+
+Compile models with ``jit_compile=False``: Horovod's ops have no XLA kernels in this build.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.tensorflow as hvd
+import keras
+import tensorflow as tf
+
+from mlflow_hvd.errors import ConfigurationError
+
+_WRAPPED = "_mlflow_hvd_distributed"
+
+
+def scale_learning_rate(learning_rate: float, size: int | None = None) -> float:
+    """The seed's step 5: scale the single-process learning rate by the number of workers.
+
+    With ``N`` ranks each seeing its own batch, the effective batch is ``N`` times larger.
+    """
+    if not learning_rate > 0:
+        raise ConfigurationError(f"learning_rate must be > 0, got {learning_rate!r}")
+    return float(learning_rate) * (size if size is not None else hvd.size())
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """Wrap a Keras 3 optimizer so that ``apply`` first averages gradients over all ranks.
+
+    The wrapper is a subclass created on the fly with the same class name, module and config
+    as the original, so a model saved with it (``model.save``, MLflow checkpoints,
+    ``mlflow.tensorflow.log_model``) loads back as the plain optimizer, without Horovod.
+
+    Returns:
+        The same optimizer object, with its class swapped for the distributed subclass.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ConfigurationError(
+            f"DistributedOptimizer needs a keras.optimizers.Optimizer, got "
+            f"{type(optimizer).__name__}"
+        )
+    if getattr(optimizer, _WRAPPED, False):
+        return optimizer
+    base = type(optimizer)
+
+    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        grads = list(grads)
+        if hvd.size() > 1:
+            present = [i for i, g in enumerate(grads) if g is not None]
+            reduced = hvd.grouped_allreduce(
+                [tf.convert_to_tensor(grads[i]) for i in present], op=hvd.Average
+            )
+            for i, g in zip(present, reduced, strict=True):
+                grads[i] = g
+        return base.apply(self, grads, trainable_variables)
+
+    cls = type(base.__name__, (base,), {"apply": apply, _WRAPPED: True})
+    cls.__module__ = base.__module__
+    cls.__qualname__ = base.__qualname__
+    optimizer.__class__ = cls
+    return optimizer
+
+
+def broadcast_variables(variables: list[Any], root_rank: int = 0) -> None:
+    """Overwrite ``variables`` on every rank with their values on ``root_rank``."""
+    if variables and hvd.size() > 1:
+        hvd.broadcast_variables([getattr(v, "value", v) for v in variables], root_rank)
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcast model weights and optimizer state from ``root_rank`` when training starts.
+
+    Runs in ``on_train_begin``, after Keras has built the optimizer, so optimizer slots (and
+    a restored checkpoint's state on rank 0) reach every rank. Also checks that the model
+    was not compiled with XLA, whose kernels Horovod does not provide here.
+    """
+
+    def __init__(self, root_rank: int = 0) -> None:
+        super().__init__()
+        self.root_rank = root_rank
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        model = self.model
+        if getattr(model, "jit_compile", False):
+            raise ConfigurationError(
+                "the model was compiled with jit_compile=True (XLA); Horovod's allreduce has "
+                "no XLA kernel in this build: compile with jit_compile=False"
+            )
+        variables = list(model.variables)
+        if model.optimizer is not None:
+            variables += list(model.optimizer.variables)
+        broadcast_variables(variables, self.root_rank)
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replace each epoch metric in ``logs`` by its average over all ranks.
+
+    Put it before callbacks that read the metrics (logging, checkpoints, early stopping) so
+    that rank 0 acts on global values.
+    """
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if not logs or hvd.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if isinstance(v, int | float))
+        if not keys:
+            return
+        values = tf.constant([float(logs[k]) for k in keys], dtype=tf.float64)
+        averaged = hvd.allreduce(values, op=hvd.Average, name=f"mlflow_hvd.metrics.{epoch}")
+        for k, v in zip(keys, averaged.numpy().tolist(), strict=True):
+            logs[k] = v
+
+
+class LearningRateWarmupCallback(keras.callbacks.Callback):
+    """Ramp the learning rate linearly from ``target_lr / size`` to ``target_lr``.
+
+    Large scaled learning rates can diverge in the first steps ("Accurate, Large Minibatch
+    SGD", Goyal et al.); warming up over ``warmup_epochs`` avoids it. ``target_lr`` is
+    usually ``scale_learning_rate(base_lr)``.
+
+    Args:
+        target_lr: Learning rate reached at the end of the warmup.
+        warmup_epochs: Length of the warmup, in epochs.
+        steps_per_epoch: Batches per epoch on each rank.
+    """
+
+    def __init__(self, target_lr: float, warmup_epochs: int, steps_per_epoch: int) -> None:
+        super().__init__()
+        if warmup_epochs < 0 or steps_per_epoch < 1:
+            raise ConfigurationError(
+                f"warmup_epochs must be >= 0 and steps_per_epoch >= 1, got {warmup_epochs} "
+                f"and {steps_per_epoch}"
+            )
+        self.target_lr = float(target_lr)
+        self.warmup_steps = warmup_epochs * steps_per_epoch
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch = 0
+
+    def lr_at(self, step: int) -> float:
+        if self.warmup_steps == 0 or step >= self.warmup_steps:
+            return self.target_lr
+        start = self.target_lr / hvd.size()
+        return start + (self.target_lr - start) * step / self.warmup_steps
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        step = self._epoch * self.steps_per_epoch + batch
+        if step <= self.warmup_steps:
+            self.model.optimizer.learning_rate.assign(self.lr_at(step))
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None:
+            logs["learning_rate"] = float(self.model.optimizer.learning_rate.numpy())
+
+
+from mlflow_hvd.keras_mlflow import MlflowCallback, restore_from_checkpoint  # noqa: E402
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "DistributedOptimizer",
+    "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+    "MlflowCallback",
+    "broadcast_variables",
+    "restore_from_checkpoint",
+    "scale_learning_rate",
+]

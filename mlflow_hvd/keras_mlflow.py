@@ -1,0 +1,104 @@
+"""Keras callback and resume helper that log through the rank-0 tracking API."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import horovod.tensorflow as hvd
+import keras
+
+from mlflow_hvd import checkpoints, tracking
+from mlflow_hvd.errors import ConfigurationError
+
+
+class MlflowCallback(keras.callbacks.Callback):
+    """Rank 0 logs params once, metrics per epoch (step = epoch) and a checkpoint per epoch.
+
+    Place it after :class:`~mlflow_hvd.keras.MetricAverageCallback` so the logged metrics
+    are global averages. On other ranks it does nothing.
+
+    Args:
+        checkpoint: Save model + optimizer every epoch (MLflow's checkpoint layout).
+        log_every_n_steps: Also log ``step_<metric>`` every N batches (global step); the
+            values are queued and sent in the background.
+        params: Extra params to log once at the start.
+    """
+
+    def __init__(
+        self,
+        checkpoint: bool = True,
+        log_every_n_steps: int | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if log_every_n_steps is not None and log_every_n_steps < 1:
+            raise ConfigurationError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}")
+        self.checkpoint = checkpoint
+        self.log_every_n_steps = log_every_n_steps
+        self.extra_params = dict(params or {})
+        self._global_step = 0
+        self._steps_per_epoch = 0
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if not tracking.is_logging_rank():
+            return
+        p = self.params or {}
+        opt = self.model.optimizer
+        params: dict[str, Any] = {
+            "hvd_size": hvd.size(),
+            "fit_epochs": p.get("epochs"),
+            "fit_steps_per_epoch": p.get("steps"),
+        }
+        if opt is not None:
+            params["opt_name"] = type(opt).__name__
+            params["opt_learning_rate"] = float(keras.ops.convert_to_numpy(opt.learning_rate))
+        params.update(self.extra_params)
+        tracking.log_params({k: v for k, v in params.items() if v is not None})
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._steps_per_epoch = int((self.params or {}).get("steps") or 0)
+        self._global_step = epoch * self._steps_per_epoch
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._global_step += 1
+        n = self.log_every_n_steps
+        if n and logs and self._global_step % n == 0 and tracking.is_logging_rank():
+            tracking.log_metrics(
+                {f"step_{k}": float(v) for k, v in logs.items()}, step=self._global_step
+            )
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if not tracking.is_logging_rank():
+            return
+        metrics = {k: float(v) for k, v in (logs or {}).items()}
+        if self.checkpoint:
+            checkpoints.save(self.model, epoch, self._global_step, metrics)
+        tracking.log_metrics(metrics, step=epoch)
+
+
+def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> int:
+    """Resume: load the latest checkpoint of ``run_id`` (default: the job's own run) into
+    ``model`` on rank 0 and return the epoch to continue from, identical on every rank.
+
+    Call on every rank after ``model.compile`` and before ``model.fit(initial_epoch=...)``;
+    :class:`~mlflow_hvd.keras.BroadcastGlobalVariablesCallback` then gives every rank rank
+    0's restored weights and optimizer state. Returns 0 when there is no checkpoint.
+    """
+    initial_epoch = 0
+    target = tracking.tracking_target()
+    source = run_id or (target.run_id if target else None)
+    if hvd.rank() == 0 and source is not None:
+        uri = target.tracking_uri if target else None
+        ref = checkpoints.latest(source, uri)
+        if ref is not None:
+            if model.optimizer is None:
+                raise ConfigurationError("compile the model before restore_from_checkpoint")
+            model.optimizer.build(model.trainable_variables)
+            with tempfile.TemporaryDirectory(prefix="mlflow-hvd-restore-") as tmp:
+                model.load_weights(checkpoints.download(ref, tmp, uri))
+            initial_epoch = ref.epoch + 1
+            tracking.set_tag("mlflow_hvd.resumed_from", f"{ref.run_id}@epoch_{ref.epoch}")
+    if hvd.size() > 1:
+        initial_epoch = int(hvd.broadcast_object(initial_epoch, root_rank=0))
+    return initial_epoch

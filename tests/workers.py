@@ -80,3 +80,64 @@ def long_line(nbytes: int) -> int:
     print("x" * nbytes, flush=True)
     print("after the long line", flush=True)
     return nbytes
+
+
+def keras_numerics(steps: int = 5, rows: int = 64, learning_rate: float = 0.05) -> dict[str, Any]:
+    """Train a small dense model with plain SGD on a fixed data set.
+
+    Rank r starts from weights seeded with r (so only the broadcast makes them equal) and
+    trains on its equal contiguous shard with batch = shard; with averaged gradients, np=2
+    must match np=1 on the full batch. Returns rank 0's weights and, for every rank, a
+    checksum of its final weights.
+    """
+    import horovod.tensorflow as hvd
+    import keras
+    import numpy as np
+
+    from mlflow_hvd import keras as hvd_keras
+    from mlflow_hvd.data import shard_arrays
+
+    hvd.init()
+    rng = np.random.default_rng(123)
+    x = rng.normal(size=(rows, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], dtype="float32") + 0.1).astype("float32")
+    keras.utils.set_random_seed(hvd.rank())
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+    )
+    opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(learning_rate))
+    model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    xs, ys = shard_arrays([x, y], hvd.rank(), hvd.size())
+    model.fit(
+        xs, ys, batch_size=len(xs), epochs=steps, shuffle=False, verbose=0,
+        callbacks=[hvd_keras.BroadcastGlobalVariablesCallback(0)],
+    )
+    weights = [w.tolist() for w in model.get_weights()]
+    checksum = float(sum(float(np.abs(w).sum()) for w in model.get_weights()))
+    checksums = hvd.allgather_object(checksum)
+    return {"weights": weights, "checksums": checksums, "type": type(model.optimizer).__name__}
+
+
+def log_some(n_steps: int = 3) -> str | None:
+    """Every rank calls the tracking API; only rank 0's calls may land."""
+    import horovod.tensorflow as hvd
+
+    from mlflow_hvd import tracking
+
+    hvd.init()
+    tracking.log_params({"alpha": 0.5, "rank_that_logged": hvd.rank()})
+    tracking.log_params({"alpha": 0.5})  # same value again: a no-op
+    for step in range(n_steps):
+        tracking.log_metrics({"m": float(step * 10 + hvd.rank())}, step=step)
+    tracking.set_tags({"who": f"rank{hvd.rank()}"})
+    tracking.log_dict({"rank": hvd.rank()}, "info/rank.json")
+    hvd.join()  # keep rank 1 alive until rank 0 has logged
+    return tracking.run_id()
+
+
+def sleep_forever() -> None:
+    print("worker sleeping", flush=True)
+    import mlflow_hvd
+
+    mlflow_hvd.log_to_driver("ready")
+    time.sleep(600)

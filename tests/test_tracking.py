@@ -1,0 +1,219 @@
+"""Tracking: driver-owned run, rank-0-only logging, statuses, a real MLflow server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pytest
+import workers
+from conftest import assert_no_workers_left
+
+from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
+from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.mlflow_run import absolute_tracking_uri
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[str]:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    old = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    mlflow.set_tracking_uri(old)
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("sqlite:///mlflow.db", "sqlite:////base/mlflow.db"),
+        ("sqlite:////abs/x.db", "sqlite:////abs/x.db"),
+        ("mlruns", "file:///base/mlruns"),
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+        ("databricks", "databricks"),
+    ],
+)
+def test_relative_store_uris_become_absolute(uri: str, expected: str) -> None:
+    assert absolute_tracking_uri(uri, cwd="/base") == expected
+
+
+def test_api_is_a_no_op_outside_a_job() -> None:
+    assert not tracking.is_logging_rank()
+    tracking.log_params({"a": 1})
+    tracking.log_metrics({"m": 1.0}, step=1)
+    tracking.set_tags({"t": "v"})
+    tracking.flush()
+    assert tracking.log_model(object()) is None
+    assert tracking.run_id() is None
+
+
+def test_only_rank_0_logs_into_the_driver_run(store: str) -> None:
+    runner = HorovodRunner(np=-2)
+    run_id = runner.run(workers.log_some, n_steps=3)
+    assert run_id == runner.last_run_id
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"alpha": "0.5", "rank_that_logged": "0"}
+    history = client.get_metric_history(run_id, "m")
+    assert [(m.step, m.value) for m in history] == [(0, 0.0), (1, 10.0), (2, 20.0)]
+    tags = run.data.tags
+    assert tags["who"] == "rank0"
+    assert (tags["mlflow_hvd.np"], tags["mlflow_hvd.backend"]) == ("-2", "local")
+    assert tags["mlflow_hvd.horovod_version"] == "0.28.1"
+    assert tags["mlflow_hvd.tensorflow_version"] == "2.18.1"
+    assert [a.path for a in client.list_artifacts(run_id, "info")] == ["info/rank.json"]
+    assert mlflow.active_run() is None  # the run the runner started is ended
+
+
+def test_active_run_is_used_and_left_open(store: str) -> None:
+    with mlflow.start_run() as run:
+        assert HorovodRunner(np=-1).run(workers.log_some, n_steps=1) == run.info.run_id
+        assert mlflow.MlflowClient().get_run(run.info.run_id).info.status == "RUNNING"
+    assert mlflow.MlflowClient().get_run(run.info.run_id).info.status == "FINISHED"
+
+
+def test_failure_marks_the_run_failed_with_rank_and_root_cause(store: str) -> None:
+    runner = HorovodRunner(np=-2, stop_grace=2)
+    with pytest.raises(WorkerFailedError):
+        runner.run(workers.raise_on_rank_1)
+    client = mlflow.MlflowClient()
+    assert runner.last_run_id is not None
+    run = client.get_run(runner.last_run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["mlflow_hvd.failed_rank"] == "1"
+    assert run.data.tags["mlflow_hvd.root_cause"] == "ValueError: boom from rank 1"
+    error = mlflow.artifacts.load_text(f"runs:/{runner.last_run_id}/error.txt")
+    assert error.startswith("WorkerFailedError: Rank 1 on host localhost failed (exit code 1)")
+    assert "ValueError: boom from rank 1" in error
+
+
+def test_param_changed_value_is_refused_clearly(store: str) -> None:
+    def relog() -> None:
+        import horovod.tensorflow as hvd
+
+        from mlflow_hvd import tracking as t
+
+        hvd.init()
+        t.log_params({"lr": 0.1})
+        t.log_params({"lr": 0.2})
+
+    with pytest.raises(WorkerFailedError) as info:
+        HorovodRunner(np=-1).run(relog)
+    assert info.value.root_cause.error == (
+        "ConfigurationError: param 'lr' was already logged as '0.1'; MLflow refuses to change "
+        "it to '0.2'. Log changing values as metrics or tags instead"
+    )
+    _ = ConfigurationError
+
+
+def test_ctrl_c_on_the_driver_marks_the_run_killed(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys, mlflow\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import workers\n"
+        "from mlflow_hvd import HorovodRunner\n"
+        f"mlflow.set_tracking_uri({uri!r})\n"
+        "r = HorovodRunner(np=-2)\n"
+        "try:\n"
+        "    r.run(workers.sleep_forever)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', r.last_run_id, flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    seen = 0
+    while seen < 2:  # both ranks are up
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, "driver ended before the ranks started"
+        seen += "<log>: ready" in line
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    run_id = out.split("interrupted ")[1].split()[0]
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.MlflowClient().get_run(run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["mlflow_hvd.status_reason"] == "interrupted by the user"
+    assert_no_workers_left()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `mlflow server` on loopback: SQLite backend, artifacts served over HTTP."""
+    import urllib.request
+
+    root = tmp_path_factory.mktemp("server")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root}/server.db",
+         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"mlflow server did not become healthy (exit {proc.poll()})")
+        time.sleep(0.25)
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_logging_through_a_real_mlflow_server(mlflow_server: str, tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "examples"))
+    import digits_keras
+
+    old = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(mlflow_server)
+    try:
+        runner = HorovodRunner(np=-2)
+        result = runner.run(digits_keras.train, epochs=2, log_model=False)
+        client = mlflow.MlflowClient()
+        assert runner.last_run_id is not None
+        run = client.get_run(runner.last_run_id)
+        assert run.info.status == "FINISHED"
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # proxied over HTTP
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]
+        ckpt = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/epoch_1")]
+        assert ckpt == [
+            "checkpoints/epoch_1/checkpoint.keras",
+            "checkpoints/epoch_1/checkpoint_metrics.json",
+        ]
+        assert result["test_accuracy"] > 0.5
+    finally:
+        mlflow.set_tracking_uri(old)
+
+
+_ = Any

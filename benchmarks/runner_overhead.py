@@ -62,7 +62,8 @@ def main() -> None:
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     for name, values in times.items():
-        print(f"{name:14s} median {med[name]:6.2f} s  runs: " + " ".join(f"{v:.2f}" for v in values))
+        runs = " ".join(f"{v:.2f}" for v in values)
+        print(f"{name:14s} median {med[name]:6.2f} s  runs: {runs}")
     print(f"ratio mlflow_hvd / horovod.spark = {med['mlflow_hvd'] / med['horovod.spark']:.2f}")
     spark.stop()
 

@@ -61,8 +61,8 @@ def train(
     import tensorflow as tf
 
     import mlflow_hvd
-    from mlflow_hvd import tracking
     from mlflow_hvd import keras as hvd_keras
+    from mlflow_hvd import tracking
     from mlflow_hvd.data import shard_arrays
 
     # 1. Initialise Horovod.

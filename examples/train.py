@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         print("invalid parameters:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
 
+    import digits_keras
     import mlflow
 
-    import digits_keras
     from mlflow_hvd import HorovodRunner
 
     if "MLFLOW_TRACKING_URI" not in os.environ:

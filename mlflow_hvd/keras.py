@@ -98,9 +98,21 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 "the model was compiled with jit_compile=True (XLA); Horovod's allreduce has "
                 "no XLA kernel in this build: compile with jit_compile=False"
             )
-        variables = list(model.variables)
-        if model.optimizer is not None:
-            variables += list(model.optimizer.variables)
+        # Layer weights, not model.variables: metric state may already be built on one rank
+        # (e.g. by restoring a checkpoint) and not on the others.
+        variables = list(model.weights)
+        optimizer = model.optimizer
+        if optimizer is not None:
+            if not optimizer.built:  # Keras builds it lazily at the first step otherwise
+                optimizer.build(model.trainable_variables)
+            variables += list(optimizer.variables)
+        if hvd.size() > 1:
+            counts = hvd.allgather_object(len(variables))
+            if len(set(counts)) != 1:
+                raise ConfigurationError(
+                    f"ranks hold different numbers of variables to broadcast (by rank: "
+                    f"{counts}); build the model and optimizer the same way on every rank"
+                )
         broadcast_variables(variables, self.root_rank)
 
 
@@ -156,6 +168,9 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
+        if epoch * self.steps_per_epoch >= self.warmup_steps:
+            # Past the warmup (also after resuming from a checkpoint): the target rate.
+            self.model.optimizer.learning_rate.assign(self.target_lr)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = self._epoch * self.steps_per_epoch + batch

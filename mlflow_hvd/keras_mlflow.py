@@ -54,7 +54,8 @@ class MlflowCallback(keras.callbacks.Callback):
             params["opt_name"] = type(opt).__name__
             params["opt_learning_rate"] = float(keras.ops.convert_to_numpy(opt.learning_rate))
         params.update(self.extra_params)
-        tracking.log_params({k: v for k, v in params.items() if v is not None})
+        # keep_existing: a resumed run keeps the values of its first attempt
+        tracking.log_params({k: v for k, v in params.items() if v is not None}, keep_existing=True)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._steps_per_epoch = int((self.params or {}).get("steps") or 0)
@@ -72,9 +73,11 @@ class MlflowCallback(keras.callbacks.Callback):
         if not tracking.is_logging_rank():
             return
         metrics = {k: float(v) for k, v in (logs or {}).items()}
+        # Metrics first: the checkpoint's flush sends them, and its tag (written last)
+        # then never points past logged metrics, so a resume leaves no gap or repeat.
+        tracking.log_metrics(metrics, step=epoch)
         if self.checkpoint:
             checkpoints.save(self.model, epoch, self._global_step, metrics)
-        tracking.log_metrics(metrics, step=epoch)
 
 
 def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> int:

@@ -76,9 +76,9 @@ def driver_run(
     run = active if active is not None else mlflow.start_run()  # honours MLFLOW_RUN_ID
     client = mlflow.MlflowClient()
     run_id = run.info.run_id
-    client.set_tag(run_id, "mlflow.source.type", run.data.tags.get("mlflow.source.type", "JOB"))
-    for key, value in run_tags(np, backend).items():
-        client.set_tag(run_id, key, value)
+    from mlflow.entities import RunTag
+
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in run_tags(np, backend).items()])
     target = TrackingTarget(
         tracking_uri=mlflow.get_tracking_uri(),
         run_id=run_id,

@@ -55,13 +55,14 @@ class _AsyncLogger:
     def put(self, kind: str, item: Any) -> None:
         self._queue.put((kind, item))
 
-    def check_param(self, key: str, value: str) -> bool:
-        """True if the param must be sent; False if already logged with this value."""
+    def check_param(self, key: str, value: str, keep_existing: bool = False) -> bool:
+        """True if the param must be sent; False if already logged (with this value, or with
+        any value when ``keep_existing``)."""
         old = self._params.get(key)
         if old is None:
             self._params[key] = value
             return True
-        if old != value:
+        if old != value and not keep_existing:
             raise ConfigurationError(
                 f"param {key!r} was already logged as {old!r}; MLflow refuses to change it to "
                 f"{value!r}. Log changing values as metrics or tags instead"
@@ -140,14 +141,12 @@ def configure(target: TrackingTarget | None, rank: int, local_rank: int, host: s
     """Called by the worker entry point before the user's function (not for user code)."""
     global _target, _rank, _logger, _monitor
     with _lock:
-        _target, _rank = target, rank
-        if target is not None and rank == 0:
-            _logger = _AsyncLogger(target)
+        _target, _rank, _logger = target, rank, None
         if target is not None and target.system_metrics and local_rank == 0:
             _monitor = _start_system_metrics(target, host)
 
 
-def shutdown() -> None:
+def shutdown(timeout: float = 120.0) -> None:
     """Flush and stop (called by the worker entry point after the user's function)."""
     global _logger, _monitor
     with _lock:
@@ -157,7 +156,7 @@ def shutdown() -> None:
         with contextlib.suppress(Exception):
             monitor.finish()
     if logger is not None:
-        logger.flush()
+        logger.flush(timeout)
 
 
 def _start_system_metrics(target: TrackingTarget, host: str) -> Any:
@@ -173,7 +172,7 @@ def _start_system_metrics(target: TrackingTarget, host: str) -> Any:
 
 def is_logging_rank() -> bool:
     """The one gate: True only on rank 0 of a job that tracks to an MLflow run."""
-    return _logger is not None and _rank == 0
+    return _target is not None and _rank == 0
 
 
 def run_id() -> str | None:
@@ -187,7 +186,15 @@ def tracking_target() -> TrackingTarget | None:
 
 
 def _require() -> _AsyncLogger | None:
-    return _logger if is_logging_rank() else None
+    """The logger on the logging rank (created on first use: a job that never logs does
+    not pay for importing MLflow in its workers), None elsewhere."""
+    global _logger
+    if not is_logging_rank():
+        return None
+    with _lock:
+        if _logger is None and _target is not None:
+            _logger = _AsyncLogger(_target)
+        return _logger
 
 
 def log_param(key: str, value: Any) -> None:
@@ -195,14 +202,19 @@ def log_param(key: str, value: Any) -> None:
     log_params({key: value})
 
 
-def log_params(params: Mapping[str, Any]) -> None:
-    """Log params once each (rank 0 only); a different value for a logged key raises."""
+def log_params(params: Mapping[str, Any], keep_existing: bool = False) -> None:
+    """Log params once each (rank 0 only).
+
+    MLflow refuses to change a param: a different value for a key the run already has
+    raises :class:`ConfigurationError`, or is skipped with ``keep_existing=True`` (what a
+    resumed run wants for values it logged the first time).
+    """
     logger = _require()
     if logger is None:
         return
     for key, value in params.items():
         text = str(value)
-        if logger.check_param(key, text):
+        if logger.check_param(key, text, keep_existing):
             logger.put("param", (key, text))
 
 

@@ -54,6 +54,7 @@ def main() -> int:
         return EXIT_ORPHANED
     threading.Thread(target=_watch_parent, args=(boot.parent_pid,), daemon=True).start()
 
+    signal.signal(signal.SIGTERM, _on_sigterm)
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     host = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())
     client = ChannelClient(
@@ -87,6 +88,18 @@ def main() -> int:
 
 
 _source_file = ""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """Stopped by the driver: send what is queued for MLflow, then die of the signal.
+
+    Runs only when the main thread executes Python; a rank stuck in a collective is ended
+    by the SIGKILL that follows after ``stop_grace``.
+    """
+    with contextlib.suppress(Exception):
+        tracking.shutdown(timeout=2.0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _register_source(payload: Payload) -> None:

@@ -1,0 +1,95 @@
+"""The Keras 3 layer: numerical equivalence, checkpoints, resume, a loadable model."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import workers
+
+from mlflow_hvd import HorovodRunner, WorkerFailedError
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+import digits_keras  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[str]:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    old = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    mlflow.set_tracking_uri(old)
+
+
+def test_two_ranks_on_half_batches_match_one_rank_on_the_full_batch() -> None:
+    one = HorovodRunner(np=-1, track=False).run(workers.keras_numerics, steps=5)
+    two = HorovodRunner(np=-2, track=False).run(workers.keras_numerics, steps=5)
+    assert two["type"] == "SGD"  # the wrapper keeps the optimizer's identity
+    for w1, w2 in zip(one["weights"], two["weights"], strict=True):
+        np.testing.assert_allclose(np.array(w2), np.array(w1), rtol=1e-5, atol=1e-6)
+    # rank 1 started from other weights: the broadcast made every rank identical
+    assert len(set(two["checksums"])) == 1
+    # and training moved the weights: the comparison is not between untouched models
+    untouched = HorovodRunner(np=-1, track=False).run(workers.keras_numerics, steps=0)
+    assert not np.allclose(np.array(untouched["weights"][0]), np.array(one["weights"][0]))
+
+
+def test_fit_logs_one_series_per_metric_checkpoints_and_a_loadable_model(store: str) -> None:
+    runner = HorovodRunner(np=-2)
+    result = runner.run(digits_keras.train, epochs=2)
+    client = mlflow.MlflowClient()
+    run_id = runner.last_run_id
+    assert run_id is not None
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
+        history = client.get_metric_history(run_id, key)
+        assert [m.step for m in history] == [0, 1], key  # one series, in order, no rank 1
+    assert run.data.params["hvd_size"] == "2"
+    assert run.data.params["opt_name"] == "Adam"
+    assert float(run.data.params["opt_learning_rate"]) == pytest.approx(0.002)
+    assert run.data.tags["mlflow.latest_checkpoint_artifact"] == (
+        "checkpoints/epoch_1/checkpoint.keras"
+    )
+    ckpt = mlflow.tensorflow.load_checkpoint(run_id=run_id, epoch=0)  # MLflow's own reader
+    assert type(ckpt.optimizer).__name__ == "Adam"
+    (model_out,) = run.outputs.model_outputs
+    x_train, y_train, x_test, y_test = digits_keras.load_data()
+    pyfunc = mlflow.pyfunc.load_model(f"models:/{model_out.model_id}")
+    accuracy = float((np.asarray(pyfunc.predict(x_test)).argmax(1) == y_test).mean())
+    assert accuracy == pytest.approx(result["test_accuracy"], abs=1e-6)
+    assert accuracy > 0.5  # ten classes: chance is 0.1
+    keras_model = mlflow.tensorflow.load_model(f"models:/{model_out.model_id}")
+    assert keras_model.predict(x_test[:3], verbose=0).shape == (3, 10)
+
+
+def test_resume_after_a_failure_continues_from_the_last_checkpoint(store: str) -> None:
+    runner = HorovodRunner(np=-2, stop_grace=2)
+    with pytest.raises(WorkerFailedError) as info:
+        runner.run(digits_keras.train, epochs=4, fail_at_epoch=2, log_model=False)
+    assert info.value.root_cause.error == (
+        "RuntimeError: injected failure at the start of epoch 2"
+    )
+    run_id = runner.last_run_id
+    client = mlflow.MlflowClient()
+    assert client.get_run(run_id).info.status == "FAILED"
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1]
+
+    with mlflow.start_run(run_id=run_id):  # the same run, started again
+        result = HorovodRunner(np=-2).run(digits_keras.train, epochs=4, log_model=False)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run_id}@epoch_1"
+    for key in ("loss", "val_accuracy"):
+        assert [m.step for m in client.get_metric_history(run_id, key)] == [0, 1, 2, 3]
+    epochs = [a.path for a in client.list_artifacts(run_id, "checkpoints")]
+    assert epochs == [f"checkpoints/epoch_{i}" for i in range(4)]
+    assert result["test_accuracy"] > 0.5

@@ -48,13 +48,18 @@ def train(
     learning_rate: float = 0.001,
     warmup_epochs: int = 1,
     seed: int = 0,
+    data: str = "digits",
     fail_at_epoch: int | None = None,
     log_model: bool = True,
+    run_params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train on this rank's shard; returns held-out metrics (rank 0's reach the driver).
 
-    ``fail_at_epoch`` makes rank 1 (or rank 0 when alone) crash at the start of that epoch:
-    it exists to demonstrate and test resuming from the last checkpoint.
+    ``data`` is ``"digits"`` (scikit-learn's bundled set, sharded in memory) or a Parquet
+    data set written by examples/digits_to_parquet.py, of which each rank reads only its own
+    shard. ``run_params`` are logged once as params (kept if the run already has them, as
+    under ``mlflow run``). ``fail_at_epoch`` makes rank 1 (or rank 0 when alone) crash at
+    the start of that epoch: it exists to demonstrate and test resuming from a checkpoint.
     """
     import horovod.tensorflow as hvd
     import keras
@@ -63,7 +68,7 @@ def train(
     import mlflow_hvd
     from mlflow_hvd import keras as hvd_keras
     from mlflow_hvd import tracking
-    from mlflow_hvd.data import shard_arrays
+    from mlflow_hvd.data import read_parquet_shard, shard_arrays
 
     # 1. Initialise Horovod.
     hvd.init()
@@ -78,7 +83,14 @@ def train(
 
     # 3. Shard the data: every rank a distinct, equal-size shard (remainder dropped).
     x_train, y_train, x_test, y_test = load_data(seed)
-    x_shard, y_shard = shard_arrays([x_train, y_train], hvd.rank(), hvd.size(), seed=seed)
+    if data == "digits":
+        x_shard, y_shard = shard_arrays([x_train, y_train], hvd.rank(), hvd.size(), seed=seed)
+    else:
+        table = read_parquet_shard(data, hvd.rank(), hvd.size())
+        x_shard = np.stack(
+            [table.column(f"p{i}").to_numpy() for i in range(64)], axis=1
+        ).astype("float32").reshape(-1, 8, 8, 1)
+        y_shard = table.column("label").to_numpy().astype("int64")
     steps_per_epoch = -(-len(x_shard) // batch_size)  # equal on every rank: equal shards
 
     # 4. Scale the learning rate by the number of workers (warmed up from lr).
@@ -99,9 +111,7 @@ def train(
     if initial_epoch:
         mlflow_hvd.log_to_driver(f"resuming at epoch {initial_epoch}")
 
-    tracking.log_params(
-        {"shard_size": len(x_shard), "batch_size_per_rank": batch_size, "seed": seed}
-    )
+    tracking.log_params({"shard_size": len(x_shard)}, keep_existing=True)
 
     class FailAt(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
@@ -122,7 +132,7 @@ def train(
         hvd_keras.LearningRateWarmupCallback(scaled_lr, warmup_epochs, steps_per_epoch),
         hvd_keras.MetricAverageCallback(),
         # 7. Checkpoints (and metrics) only on rank 0, as MLflow artifacts.
-        hvd_keras.MlflowCallback(checkpoint=True),
+        hvd_keras.MlflowCallback(checkpoint=True, params=run_params),
         Progress(),
         FailAt(),
     ]

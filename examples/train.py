@@ -19,17 +19,28 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
+def whole_number(text: str) -> int:
+    """An int that may be written as a float ("2.0"), as MLproject float params are."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--np", type=int, default=2,
+    p.add_argument("--np", type=whole_number, default=2,
                    help="ranks: N>0 Spark barrier tasks, -N local processes (default 2)")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--epochs", type=whole_number, default=5)
+    p.add_argument("--batch-size", type=whole_number, default=32, help="per rank")
     p.add_argument("--learning-rate", type=float, default=0.001,
                    help="single-process learning rate; scaled by np inside")
     p.add_argument("--data", default="digits",
                    help="'digits' (scikit-learn's bundled set) or a Parquet dataset directory")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=whole_number, default=0)
     return p.parse_args(argv)
 
 
@@ -67,12 +78,17 @@ def main(argv: list[str] | None = None) -> int:
         mlflow.set_tracking_uri("sqlite:///mlflow.db")
     t0 = time.monotonic()
     runner = HorovodRunner(np=args.np)
+    data = args.data if args.data == "digits" else os.path.abspath(args.data)
+    params = {"np": args.np, "epochs": args.epochs, "batch_size": args.batch_size,
+              "learning_rate": args.learning_rate, "data": args.data, "seed": args.seed}
     result = runner.run(
         digits_keras.train,
         epochs=args.epochs,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         seed=args.seed,
+        data=data,
+        run_params=params,
     )
     elapsed = time.monotonic() - t0
     uri = mlflow.get_tracking_uri()

@@ -181,18 +181,20 @@ def _name(fn: Callable[..., Any]) -> str:
 def _dumps_payload(
     main: Callable[..., Any], kwargs: dict[str, Any], target: TrackingTarget | None = None
 ) -> bytes:
-    """cloudpickle ``(main, kwargs)``; the caller's own module goes by value.
+    """cloudpickle ``(main, kwargs)``; the caller's own modules go by value.
 
-    Installed packages stay by reference (workers import them); a module of the user's
-    project (a notebook, a script, a test file) is pickled by value so that workers whose
-    ``sys.path`` differs from the driver's can still run it.
+    Installed packages stay by reference (workers import them). The module of ``main`` and
+    the modules loaded from its directory (a script and its helper modules, a test file and
+    its fixtures) are pickled by value, so workers whose ``sys.path`` differs from the
+    driver's (Spark executors) can still run them.
     """
     module = sys.modules.get(getattr(main, "__module__", "") or "")
-    by_value = module is not None and _is_user_module(module)
+    by_value = _sibling_modules(module) if module is not None and _is_user_module(module) else []
     source_file = source_text = ""
+    for mod in by_value:
+        cloudpickle.register_pickle_by_value(mod)
     if by_value:
-        cloudpickle.register_pickle_by_value(module)
-        source_file = os.path.realpath(str(module.__file__))  # type: ignore[union-attr]
+        source_file = os.path.realpath(str(by_value[0].__file__))
         try:
             with open(source_file, encoding="utf-8") as f:
                 source_text = f.read()
@@ -205,8 +207,21 @@ def _dumps_payload(
             f"cannot pickle main or its kwargs for the workers: {type(exc).__name__}: {exc}"
         ) from exc
     finally:
-        if by_value:
-            cloudpickle.unregister_pickle_by_value(module)
+        for mod in by_value:
+            cloudpickle.unregister_pickle_by_value(mod)
+
+
+def _sibling_modules(module: Any) -> list[Any]:
+    """``module`` first, then the other user modules loaded from its directory."""
+    folder = os.path.dirname(os.path.realpath(str(module.__file__)))
+    found = [module]
+    for other in list(sys.modules.values()):
+        path = getattr(other, "__file__", None)
+        if other is module or not path or not _is_user_module(other):
+            continue
+        if os.path.dirname(os.path.realpath(path)) == folder:
+            found.append(other)
+    return found
 
 
 def _is_user_module(module: Any) -> bool:

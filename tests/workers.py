@@ -141,3 +141,27 @@ def sleep_forever() -> None:
 
     mlflow_hvd.log_to_driver("ready")
     time.sleep(600)
+
+
+def quadratic_trial(x: float, y: int, fail_marker: str = "") -> float:
+    """A sweep trial: a real allreduce, then logs val_loss = (x - 0.3)^2 + y / 10.
+
+    With ``fail_marker``, the first trial to run creates the file and raises.
+    """
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from mlflow_hvd import tracking
+
+    hvd.init()
+    if fail_marker and not os.path.exists(fail_marker):
+        hvd.join()
+        if hvd.rank() == 0:
+            open(fail_marker, "w").close()
+            raise RuntimeError("first trial fails on purpose")
+        return 0.0
+    mean_x = float(hvd.allreduce(tf.constant(float(x)), op=hvd.Average).numpy())
+    loss = (mean_x - 0.3) ** 2 + y / 10.0
+    tracking.log_metrics({"val_loss": loss + 1.0}, step=0)
+    tracking.log_metrics({"val_loss": loss}, step=1)  # the last step's value counts
+    return loss

@@ -1,0 +1,93 @@
+"""The MLflow project: `mlflow run` as a real subprocess, from here and from a copy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+import digits_keras  # noqa: E402
+
+
+def _mlflow_run(project: Path, cwd: Path, uri: str, *params: str,
+                entry: str = "main") -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["MLFLOW_TRACKING_URI"] = uri
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    cmd = [sys.executable, "-m", "mlflow", "run", str(project), "-e", entry,
+           "--env-manager", "local"]
+    for p in params:
+        cmd += ["-P", p]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _only_run(uri: str) -> Any:
+    mlflow.set_tracking_uri(uri)
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    return run
+
+
+def _check_trained_run(run: Any) -> None:
+    client = mlflow.MlflowClient()
+    assert run.info.status == "FINISHED"
+    assert run.data.params["np"] == "2" and run.data.params["epochs"] == "2"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [0, 1]
+    ckpts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
+    assert ckpts == ["checkpoints/epoch_0", "checkpoints/epoch_1"]
+    assert run.data.tags["mlflow_hvd.backend"] == "spark"
+    (model_out,) = run.outputs.model_outputs
+    model = mlflow.pyfunc.load_model(f"models:/{model_out.model_id}")
+    _, _, x_test, y_test = digits_keras.load_data()
+    accuracy = float((np.asarray(model.predict(x_test)).argmax(1) == y_test).mean())
+    assert accuracy > 0.5, accuracy  # ten classes: chance is 0.1
+
+
+@pytest.mark.slow
+def test_mlflow_run_trains_on_two_spark_ranks(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = _mlflow_run(REPO, REPO, uri, "np=2", "epochs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "test accuracy" in proc.stdout
+    _check_trained_run(_only_run(uri))
+
+
+@pytest.mark.slow
+def test_mlflow_run_from_a_copy_in_another_directory(tmp_path: Path) -> None:
+    copy = tmp_path / "project-copy"
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "__pycache__", "*.db", "mlruns", ".*_cache"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    uri = f"sqlite:///{tmp_path}/other.db"
+    proc = _mlflow_run(copy, elsewhere, uri, "np=2", "epochs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_trained_run(_only_run(uri))
+    assert not (elsewhere / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [
+        ("np=0", "np=0: use np=N (>0) for N Spark barrier tasks or np=-N for N local processes"),
+        ("learning_rate=-0.1", "learning_rate=-0.1: must be a positive number"),
+        ("data=/no/such/dir", "data='/no/such/dir': no such file or directory"),
+    ],
+)
+def test_bad_parameters_are_refused_before_any_job(tmp_path: Path, param: str,
+                                                   message: str) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = _mlflow_run(REPO, REPO, uri, param)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "log4j" not in proc.stderr  # no Spark session was started
+    run = _only_run(uri)
+    assert run.info.status == "FAILED"  # never left RUNNING

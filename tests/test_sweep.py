@@ -1,0 +1,116 @@
+"""Hyperopt sweeps of distributed trials, each a nested MLflow run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pytest
+import workers
+from hyperopt import hp
+
+from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.sweep import space_from_json, sweep
+
+SPACE = {"x": hp.uniform("x", 0.0, 1.0), "y": hp.choice("y", [0, 1, 2])}
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[str]:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    old = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    mlflow.set_tracking_uri(old)
+
+
+def _children(parent_id: str) -> list[Any]:
+    runs = mlflow.search_runs(
+        search_all_experiments=True,
+        filter_string=f"tags.mlflow.parentRunId = '{parent_id}'",
+        output_format="list",
+    )
+    return sorted(runs, key=lambda r: int(r.data.tags["mlflow_hvd.sweep.trial"]))
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_sweep_of_three_spark_trials(store: str, spark: Any) -> None:
+    result = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=2, seed=1,
+                   runner_options={"spark": spark})
+    client = mlflow.MlflowClient()
+    parent = client.get_run(result.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    children = _children(result.parent_run_id)
+    assert [c.data.tags["mlflow_hvd.sweep.trial"] for c in children] == ["0", "1", "2"]
+    assert {c.info.status for c in children} == {"FINISHED"}
+    assert {c.data.tags["mlflow_hvd.backend"] for c in children} == {"spark"}
+    losses = {c.info.run_id: c.data.metrics["val_loss"] for c in children}
+    best_id = min(losses, key=losses.__getitem__)
+    assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] == best_id == result.best_run_id
+    best_child = client.get_run(best_id)
+    assert best_child.data.params == {k: str(v) for k, v in result.best_params.items()}
+    assert parent.data.params["best_x"] == best_child.data.params["x"]
+    assert parent.data.params["best_y"] == best_child.data.params["y"]
+    assert parent.data.metrics["best_val_loss"] == pytest.approx(losses[best_id])
+    assert isinstance(result.best_params["y"], int)  # real types, not "1.0"
+    arts = {a.path for a in client.list_artifacts(result.parent_run_id)}
+    assert {"loss_per_trial.png", "search_space.json", "hyperopt"} <= arts
+
+
+@pytest.mark.slow
+def test_failing_trial_is_a_failed_child_and_the_sweep_goes_on(
+    store: str, tmp_path: Path
+) -> None:
+    marker = str(tmp_path / "failed-once")
+    result = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=-2, seed=2,
+                   fixed_params={"fail_marker": marker}, runner_options={"stop_grace": 2})
+    children = _children(result.parent_run_id)
+    assert [c.info.status for c in children] == ["FAILED", "FINISHED", "FINISHED"]
+    assert children[0].data.tags["mlflow_hvd.root_cause"] == (
+        "RuntimeError: first trial fails on purpose"
+    )
+    assert (result.trials, result.failed_trials) == (3, 1)
+    assert result.losses[0] is None
+    assert result.best_run_id in {c.info.run_id for c in children[1:]}
+
+
+@pytest.mark.slow
+def test_resume_repeats_no_trial_and_matches_an_uninterrupted_sweep(store: str) -> None:
+    first = sweep(workers.quadratic_trial, SPACE, max_evals=2, np=-1, seed=7)
+    resumed = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=-1, seed=7,
+                    parent_run_id=first.parent_run_id)
+    assert resumed.parent_run_id == first.parent_run_id
+    children = _children(first.parent_run_id)
+    assert len(children) == 3 and resumed.trials == 3
+    straight = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=-1, seed=7)
+    straight_children = _children(straight.parent_run_id)
+    # same seed, same sampled params, whether or not the sweep was interrupted
+    assert [c.data.params for c in children] == [c.data.params for c in straight_children]
+    assert resumed.losses == straight.losses
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({}, "space must be a non-empty dict"),
+        ({"x": ["gaussian", 0, 1]}, r"search space entry 'x' must be \[kind, \*args\]"),
+        ({"x": "uniform"}, r"search space entry 'x' must be \[kind, \*args\]"),
+        ({"x": ["choice", []]}, r"space\['x'\] cannot be sampled"),
+    ],
+)
+def test_bad_search_spaces_fail_before_any_trial(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        space_from_json(spec)
+
+
+def test_bad_sweep_arguments_start_nothing(store: str) -> None:
+    with pytest.raises(ConfigurationError, match="max_evals must be a positive int, got 0"):
+        sweep(workers.quadratic_trial, SPACE, max_evals=0, np=-1)
+    with pytest.raises(ConfigurationError, match="np=0 is not a valid number"):
+        sweep(workers.quadratic_trial, SPACE, max_evals=1, np=0)
+    with pytest.raises(ConfigurationError, match="space must be a non-empty dict"):
+        sweep(workers.quadratic_trial, {}, max_evals=1, np=-1)
+    assert mlflow.search_runs(search_all_experiments=True, output_format="list") == []

@@ -21,11 +21,12 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import digits_keras
+
 
 def measure(repeats: int, epochs: int, batch_size: int) -> dict[str, Any]:
     import time
 
-    import digits_keras
     import horovod.tensorflow as hvd
     import keras
 

@@ -61,6 +61,9 @@ def train(
     under ``mlflow run``). ``fail_at_epoch`` makes rank 1 (or rank 0 when alone) crash at
     the start of that epoch: it exists to demonstrate and test resuming from a checkpoint.
     """
+    import time
+
+    started = time.monotonic()
     import horovod.tensorflow as hvd
     import keras
     import tensorflow as tf
@@ -148,7 +151,8 @@ def train(
         verbose=0,
     )
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
-    tracking.log_metrics({"test_loss": loss, "test_accuracy": accuracy}, step=epochs - 1)
+    tracking.log_metrics({"test_loss": loss, "test_accuracy": accuracy,
+                          "train_seconds": time.monotonic() - started}, step=epochs - 1)
     if log_model:
         tracking.log_model(model, name="model", input_example=x_test[:2])
     return {"test_loss": float(loss), "test_accuracy": float(accuracy), "epochs": epochs}

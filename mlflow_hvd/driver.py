@@ -202,8 +202,11 @@ def run_job(
                 backend.stop()
             backend.close()
     finally:
+        # horovod's server polls for shutdown every 0.5 s: stop it alongside the channel
+        stopper = threading.Thread(target=rendezvous.stop, name="mlflow-hvd-rdv-stop")
+        stopper.start()
         channel.stop()
-        rendezvous.stop()
+        stopper.join(timeout=10)
 
 
 def _supervise(

@@ -65,9 +65,8 @@ class MlflowCallback(keras.callbacks.Callback):
         self._global_step += 1
         n = self.log_every_n_steps
         if n and logs and self._global_step % n == 0 and tracking.is_logging_rank():
-            tracking.log_metrics(
-                {f"step_{k}": float(v) for k, v in logs.items()}, step=self._global_step
-            )
+            # values go to the queue as they are; the logging thread converts them
+            tracking.log_metrics({f"step_{k}": v for k, v in logs.items()}, step=self._global_step)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not tracking.is_logging_rank():

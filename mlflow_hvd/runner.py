@@ -183,18 +183,19 @@ def _dumps_payload(
 ) -> bytes:
     """cloudpickle ``(main, kwargs)``; the caller's own modules go by value.
 
-    Installed packages stay by reference (workers import them). The module of ``main`` and
-    the modules loaded from its directory (a script and its helper modules, a test file and
-    its fixtures) are pickled by value, so workers whose ``sys.path`` differs from the
-    driver's (Spark executors) can still run them.
+    Installed packages and the standard library stay by reference (workers import them).
+    The module of ``main`` and the other user modules loaded here (a script's helpers, a
+    test file's fixtures) are pickled by value, so workers whose ``sys.path`` differs from
+    the driver's (Spark executors) can still run them. Modules imported *inside* ``main``
+    must be importable on the workers.
     """
     module = sys.modules.get(getattr(main, "__module__", "") or "")
-    by_value = _sibling_modules(module) if module is not None and _is_user_module(module) else []
+    by_value = _user_modules(module)
     source_file = source_text = ""
     for mod in by_value:
         cloudpickle.register_pickle_by_value(mod)
-    if by_value:
-        source_file = os.path.realpath(str(by_value[0].__file__))
+    if module is not None and module in by_value:
+        source_file = os.path.realpath(str(module.__file__))
         try:
             with open(source_file, encoding="utf-8") as f:
                 source_text = f.read()
@@ -211,25 +212,29 @@ def _dumps_payload(
             cloudpickle.unregister_pickle_by_value(mod)
 
 
-def _sibling_modules(module: Any) -> list[Any]:
-    """``module`` first, then the other user modules loaded from its directory."""
-    folder = os.path.dirname(os.path.realpath(str(module.__file__)))
-    found = [module]
-    for other in list(sys.modules.values()):
-        path = getattr(other, "__file__", None)
-        if other is module or not path or not _is_user_module(other):
-            continue
-        if os.path.dirname(os.path.realpath(path)) == folder:
-            found.append(other)
+def _user_modules(main_module: Any) -> list[Any]:
+    """Every user module loaded in this process, ``main``'s first: a script's helpers and a
+    notebook's imports from its project are installed nowhere on the workers."""
+    found = [m for m in list(sys.modules.values()) if _is_user_module(m)]
+    if main_module in found:
+        found.remove(main_module)
+        found.insert(0, main_module)
     return found
 
 
 def _is_user_module(module: Any) -> bool:
+    """A module of the user's own code: not installed (site-packages), not the standard
+    library, not mlflow_hvd, not ``__main__`` (which cloudpickle already sends by value)."""
+    import sysconfig
+
     name = getattr(module, "__name__", "")
     path = getattr(module, "__file__", None)
-    if name == "__main__" or not path:
-        return False  # cloudpickle already pickles __main__ by value
+    if name == "__main__" or not path or not isinstance(path, str):
+        return False
     if name.split(".")[0] == "mlflow_hvd":
         return False
     path = os.path.realpath(path)
-    return "site-packages" not in path and "dist-packages" not in path
+    if "site-packages" in path or "dist-packages" in path:
+        return False
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    return not path.startswith(stdlib + os.sep)

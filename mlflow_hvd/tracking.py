@@ -29,7 +29,7 @@ from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
 from mlflow_hvd.messages import TrackingTarget
 
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
-_FLUSH_INTERVAL = 0.5
+_FLUSH_INTERVAL = 2.0  # seconds between background sends; flush() sends at once
 
 
 class TrackingError(MlflowHvdError):
@@ -94,7 +94,9 @@ class _AsyncLogger:
             except queue.Empty:
                 kind, item = "tick", None
             if kind == "metric":
-                metrics.append(Metric(*item))
+                key, value, ts, step = item
+                # float() here, off the training thread: it may have to wait for a tensor
+                metrics.append(Metric(key, float(value), ts, step))
             elif kind == "param":
                 params.append(Param(*item))
             elif kind == "tag":
@@ -230,7 +232,7 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
         return
     ts = int(time.time() * 1000)
     for key, value in metrics.items():
-        logger.put("metric", (key, float(value), ts, int(step or 0)))
+        logger.put("metric", (key, value, ts, int(step or 0)))
 
 
 def set_tag(key: str, value: Any) -> None:

@@ -1,0 +1,56 @@
+"""The examples beyond the main one: Parquet input and the custom TensorFlow loop."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from mlflow_hvd import HorovodRunner
+from mlflow_hvd.data import parquet_row_count
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+import digits_custom_loop  # noqa: E402
+import digits_keras  # noqa: E402
+import digits_to_parquet  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[str]:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    old = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    mlflow.set_tracking_uri(old)
+
+
+def test_parquet_input_each_rank_reads_its_equal_shard(store: str, tmp_path: Path) -> None:
+    data = tmp_path / "digits_parquet"
+    rows = digits_to_parquet.write(str(data), files=3)
+    assert parquet_row_count(str(data)) == rows == 1347
+    runner = HorovodRunner(np=-2)
+    result = runner.run(digits_keras.train, epochs=2, data=str(data), log_model=False)
+    run = mlflow.MlflowClient().get_run(runner.last_run_id)
+    assert run.data.params["shard_size"] == str(rows // 2)  # 673 each, 1 row dropped
+    assert result["test_accuracy"] > 0.5
+
+
+def test_custom_gradient_tape_loop(store: str) -> None:
+    runner = HorovodRunner(np=-2)
+    result = runner.run(digits_custom_loop.train, epochs=2)
+    client = mlflow.MlflowClient()
+    run = client.get_run(runner.last_run_id)
+    assert run.data.params["loop"] == "GradientTape"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]
+    losses = [m.value for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert losses[1] < losses[0]
+    assert run.data.tags["mlflow.latest_checkpoint_artifact"] == (
+        "checkpoints/epoch_1/checkpoint.keras"
+    )
+    assert result["val_accuracy"] > 0.5

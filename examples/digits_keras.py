@@ -118,9 +118,11 @@ def train(
 
     class FailAt(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            if fail_at_epoch is not None and epoch == fail_at_epoch and (
-                hvd.rank() == min(1, hvd.size() - 1)
-            ):
+            if fail_at_epoch is None or epoch != fail_at_epoch:
+                return
+            # every rank gets here only after rank 0 committed the previous checkpoint
+            hvd.allreduce(tf.constant(0.0), name="fail_at_barrier")
+            if hvd.rank() == min(1, hvd.size() - 1):
                 raise RuntimeError(f"injected failure at the start of epoch {epoch}")
 
     class Progress(keras.callbacks.Callback):

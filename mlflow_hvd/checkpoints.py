@@ -7,8 +7,9 @@ Layout (as ``mlflow.tensorflow.autolog(checkpoint=True)`` writes it, so
     checkpoints/epoch_<N>/checkpoint_metrics.json   metrics, "epoch", "global_step"
     tag mlflow.latest_checkpoint_artifact = checkpoints/epoch_<N>/checkpoint.keras
 
-Epochs are Keras' 0-based epoch indices. The tag is written last and only after the files
-are uploaded, so it always points at a complete checkpoint.
+Epochs are Keras' 0-based epoch indices. The tag is written last, after the files are
+uploaded and in one ``log_batch`` with the epoch's metrics, so it always points at a
+complete checkpoint whose metrics are logged.
 """
 
 from __future__ import annotations
@@ -42,10 +43,18 @@ def epoch_dir(epoch: int) -> str:
     return f"{CHECKPOINT_DIR}/epoch_{epoch}"
 
 
-def save(model: Any, epoch: int, global_step: int, metrics: dict[str, float]) -> None:
+def save(
+    model: Any,
+    epoch: int,
+    global_step: int,
+    metrics: dict[str, float],
+    log_metrics: bool = False,
+) -> None:
     """Rank 0: upload model+optimizer and metrics for ``epoch``, then move the latest tag.
 
-    A no-op on other ranks (the :mod:`mlflow_hvd.tracking` gate).
+    With ``log_metrics``, the epoch's metrics (step = epoch) are written in the same
+    ``log_batch`` as the tag, so metrics and the resume point always agree. A no-op on
+    other ranks (the :mod:`mlflow_hvd.tracking` gate).
     """
     if not tracking.is_logging_rank():
         return
@@ -57,9 +66,9 @@ def save(model: Any, epoch: int, global_step: int, metrics: dict[str, float]) ->
             json.dump({**metrics, "epoch": epoch, "global_step": global_step}, f)
         tracking.log_artifact(model_path, epoch_dir(epoch))
         tracking.log_artifact(metrics_path, epoch_dir(epoch))
-    tracking.flush()
-    tracking.set_tag(LATEST_TAG, f"{epoch_dir(epoch)}/{MODEL_FILE}")
-    tracking.flush()
+    tracking.commit(
+        metrics if log_metrics else {}, epoch, {LATEST_TAG: f"{epoch_dir(epoch)}/{MODEL_FILE}"}
+    )
 
 
 def latest(run_id: str, tracking_uri: str | None = None) -> CheckpointRef | None:

@@ -72,11 +72,11 @@ class MlflowCallback(keras.callbacks.Callback):
         if not tracking.is_logging_rank():
             return
         metrics = {k: float(v) for k, v in (logs or {}).items()}
-        # Metrics first: the checkpoint's flush sends them, and its tag (written last)
-        # then never points past logged metrics, so a resume leaves no gap or repeat.
-        tracking.log_metrics(metrics, step=epoch)
         if self.checkpoint:
-            checkpoints.save(self.model, epoch, self._global_step, metrics)
+            # metrics and the resume point in one write: a resume repeats and skips nothing
+            checkpoints.save(self.model, epoch, self._global_step, metrics, log_metrics=True)
+        else:
+            tracking.log_metrics(metrics, step=epoch)
 
 
 def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> int:

@@ -293,6 +293,28 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     return mlflow.tensorflow.log_model(model, name=name, run_id=logger.target.run_id, **kwargs)
 
 
+def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any]) -> None:
+    """Rank 0: write ``metrics`` at ``step`` and ``tags`` in one ``log_batch`` call (one
+    transaction on a SQL store, one request to a server), after everything queued before.
+
+    Used to move the latest-checkpoint tag together with the epoch's metrics: a crash leaves
+    both or neither, so a resumed run neither repeats nor skips a step.
+    """
+    logger = _require()
+    if logger is None:
+        return
+    from mlflow.entities import Metric, RunTag
+
+    logger.flush()
+    ts = int(time.time() * 1000)
+    logger.client.log_batch(
+        logger.target.run_id,
+        metrics=[Metric(k, float(v), ts, int(step)) for k, v in metrics.items()],
+        tags=[RunTag(k, str(v)) for k, v in tags.items()],
+        synchronous=True,
+    )
+
+
 def flush() -> None:
     """Wait until everything queued so far is in the tracking store (rank 0 only)."""
     logger = _require()

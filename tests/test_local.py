@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import workers
 from conftest import assert_no_workers_left
 
-from mlflow_hvd import HorovodRunner, WorkerFailedError
+from mlflow_hvd import HorovodRunner, StartTimeoutError, WorkerFailedError
+from mlflow_hvd.backends.local import LocalBackend
+from mlflow_hvd.driver import DriverSettings, run_job
 
 
 def test_two_local_ranks_run_real_collectives(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,5 +81,26 @@ def test_sigkill_on_rank_1_is_reported_as_a_signal() -> None:
         "Last 1 lines of output of rank 1:\n"
         "[1]<stdout>: rank 1 about to SIGKILL itself\n"
         "Stopped by the driver after the root cause: ranks 0"
+    )
+    assert_no_workers_left()
+
+
+def test_ranks_that_never_start_hit_the_start_deadline(tmp_path: Path) -> None:
+    """A real backend whose workers hang before reaching the driver: a clear error within
+    the deadline, and the hung processes are ended."""
+    fake_python = tmp_path / "python"
+    fake_python.write_text(
+        f"#!/bin/sh\nexec {sys.executable} -c 'import time; time.sleep(120)' \"$@\"\n"
+    )
+    fake_python.chmod(0o755)
+    t0 = time.monotonic()
+    with pytest.raises(StartTimeoutError) as info:
+        run_job(2, b"", LocalBackend(python=str(fake_python)),
+                DriverSettings(start_timeout=3, stop_grace=1), "127.0.0.1", "hang")
+    assert time.monotonic() - t0 < 15
+    assert str(info.value) == (
+        "0 of 2 ranks started within 3s (missing ranks: 0, 1). Raise "
+        "HorovodRunner(start_timeout=...) if workers are slow to start, or check that the "
+        "cluster has free slots"
     )
     assert_no_workers_left()

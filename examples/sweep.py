@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-evals", type=whole_number, default=8)
     p.add_argument("--np", type=whole_number, default=2)
     p.add_argument("--epochs", type=whole_number, default=3)
-    p.add_argument("--space", default="", help="JSON file with the search space")
+    p.add_argument("--space", default="default",
+                   help="JSON file with the search space, or 'default'")
     p.add_argument("--metric", default="val_loss")
     p.add_argument("--seed", type=whole_number, default=0)
     p.add_argument("--early-stop-rounds", type=whole_number, default=0,
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.epochs < 1:
             raise ConfigurationError(f"epochs={args.epochs}: must be at least 1")
         spec = DEFAULT_SPACE
-        if args.space:
+        if args.space and args.space != "default":
             with open(args.space) as f:
                 spec = json.load(f)
         space = space_from_json(spec)
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         early_stop_rounds=args.early_stop_rounds or None,
         parent_run_id=args.parent_run_id or None,
-        fixed_params={"epochs": args.epochs, "log_model": False},
+        fixed_params={"epochs": args.epochs},
     )
     print(f"\nsweep run {result.parent_run_id}: {result.trials} trials "
           f"({result.failed_trials} failed); best {args.metric} {result.best_loss:.4f} with "

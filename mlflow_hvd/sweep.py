@@ -311,6 +311,9 @@ def _plot(client: Any, run_id: str, losses: tuple[float | None, ...], metric: st
         b = xs[ys.index(min(ys))]
         ax.plot([b], [min(ys)], "o", markersize=14, markerfacecolor="none",
                 markeredgecolor="tab:green", markeredgewidth=2, label=f"best (trial {b})")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial")
     ax.set_ylabel(metric)
     ax.set_title("hyperopt sweep")

@@ -114,3 +114,17 @@ def test_bad_sweep_arguments_start_nothing(store: str) -> None:
     with pytest.raises(ConfigurationError, match="space must be a non-empty dict"):
         sweep(workers.quadratic_trial, {}, max_evals=1, np=-1)
     assert mlflow.search_runs(search_all_experiments=True, output_format="list") == []
+
+
+def test_no_progress_rule_counts_trials_since_the_best() -> None:
+    from types import SimpleNamespace
+
+    from mlflow_hvd.sweep import _no_progress
+
+    def trials(*losses: float | None) -> object:
+        return SimpleNamespace(results=[{"loss": v} if v is not None else {} for v in losses])
+
+    assert not _no_progress(trials(3.0, 2.0, 2.5), 2)
+    assert _no_progress(trials(3.0, 2.0, 2.5, 2.1), 2)
+    assert _no_progress(trials(1.0, None, None), 2)  # failed trials are no progress
+    assert not _no_progress(trials(None, None), 1)  # no successful trial yet: keep going

@@ -217,3 +217,13 @@ def test_logging_through_a_real_mlflow_server(mlflow_server: str, tmp_path: Path
 
 
 _ = Any
+
+
+def test_system_metrics_are_logged_once_per_node(store: str) -> None:
+    runner = HorovodRunner(np=-2, log_system_metrics=True)
+    runner.run(workers.sleep_then_return, seconds=5.0)
+    metrics = mlflow.MlflowClient().get_run(runner.last_run_id).data.metrics
+    system = sorted(k for k in metrics if k.startswith("system/"))
+    assert "system/localhost/cpu_utilization_percentage" in system
+    # two ranks on one node: one monitor, one series per metric, prefixed by the node
+    assert all(k.startswith("system/localhost/") for k in system)

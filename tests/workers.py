@@ -165,3 +165,8 @@ def quadratic_trial(x: float, y: int, fail_marker: str = "") -> float:
     tracking.log_metrics({"val_loss": loss + 1.0}, step=0)
     tracking.log_metrics({"val_loss": loss}, step=1)  # the last step's value counts
     return loss
+
+
+def sleep_then_return(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds

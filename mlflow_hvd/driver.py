@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 from horovod.runner.http.http_server import RendezvousServer
 
@@ -319,4 +319,4 @@ def resolve_host(host: str) -> str:
         return host
 
 
-__all__: list[Any] = ["DriverSettings", "Verbosity", "resolve_host", "run_job"]
+__all__ = ["DriverSettings", "Verbosity", "new_job_id", "resolve_host", "run_job"]

@@ -44,19 +44,30 @@ def absolute_tracking_uri(uri: str, cwd: str | None = None) -> str:
 def run_tags(np: int, backend: Mapping[str, str]) -> dict[str, str]:
     """Tags that make distributed runs comparable in the MLflow UI."""
     import horovod
-    import tensorflow as tf
 
     tags = {
         f"{TAG_PREFIX}np": str(np),
         f"{TAG_PREFIX}num_ranks": str(abs(np)),
         f"{TAG_PREFIX}backend": backend.get("backend", ""),
         f"{TAG_PREFIX}horovod_version": horovod.__version__,
-        f"{TAG_PREFIX}tensorflow_version": tf.__version__,
+        f"{TAG_PREFIX}tensorflow_version": _tensorflow_version(),
         f"{TAG_PREFIX}python_version": platform.python_version(),
     }
     if "spark_master" in backend:
         tags[f"{TAG_PREFIX}spark_master"] = backend["spark_master"]
     return tags
+
+
+def _tensorflow_version() -> str:
+    """Installed TensorFlow's version, from package metadata: the driver need not import it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("tensorflow-cpu", "tensorflow"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return ""
 
 
 @contextmanager

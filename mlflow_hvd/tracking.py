@@ -193,6 +193,8 @@ def _require() -> _AsyncLogger | None:
     global _logger
     if not is_logging_rank():
         return None
+    if _logger is not None:  # per-step calls: no lock once the logger exists
+        return _logger
     with _lock:
         if _logger is None and _target is not None:
             _logger = _AsyncLogger(_target)

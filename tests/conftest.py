@@ -6,10 +6,16 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import mlflow
 import psutil
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# The examples are imported by the tests as top-level modules (as their scripts do).
+sys.path.insert(0, str(REPO / "examples"))
 
 # Workers and Spark's Python workers must use this interpreter (the project's venv).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -33,6 +39,16 @@ def spark() -> Iterator[Any]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[str]:
+    """A fresh SQLite MLflow store for one test, set as the tracking URI."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    old = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    mlflow.set_tracking_uri(old)
 
 
 def worker_processes() -> list[psutil.Process]:

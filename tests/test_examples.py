@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
+import digits_custom_loop
+import digits_keras
+import digits_to_parquet
 import mlflow
 import pytest
 
 from mlflow_hvd import HorovodRunner
 from mlflow_hvd.data import parquet_row_count
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples"))
-import digits_custom_loop  # noqa: E402
-import digits_keras  # noqa: E402
-import digits_to_parquet  # noqa: E402
-
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[str]:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    old = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    mlflow.set_tracking_uri(old)
 
 
 def test_parquet_input_each_rank_reads_its_equal_shard(store: str, tmp_path: Path) -> None:

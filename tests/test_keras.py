@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from pathlib import Path
-
+import digits_keras
 import mlflow
 import numpy as np
 import pytest
@@ -13,20 +10,7 @@ import workers
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples"))
-import digits_keras  # noqa: E402
-
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[str]:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    old = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    mlflow.set_tracking_uri(old)
 
 
 def test_two_ranks_on_half_batches_match_one_rank_on_the_full_batch() -> None:

@@ -9,13 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import digits_keras
 import mlflow
 import numpy as np
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples"))
-import digits_keras  # noqa: E402
+from conftest import REPO
 
 
 def _mlflow_run(project: Path, cwd: Path, uri: str, *params: str,

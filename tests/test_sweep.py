@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +14,6 @@ from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.sweep import space_from_json, sweep
 
 SPACE = {"x": hp.uniform("x", 0.0, 1.0), "y": hp.choice("y", [0, 1, 2])}
-
-
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[str]:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    old = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    mlflow.set_tracking_uri(old)
 
 
 def _children(parent_id: str) -> list[Any]:

@@ -21,17 +21,6 @@ from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.mlflow_run import absolute_tracking_uri
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[str]:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    old = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    mlflow.set_tracking_uri(old)
-
 
 @pytest.mark.parametrize(
     ("uri", "expected"),
@@ -192,7 +181,6 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_logging_through_a_real_mlflow_server(mlflow_server: str, tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "examples"))
     import digits_keras
 
     old = mlflow.get_tracking_uri()

@@ -9,7 +9,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	$(PY) examples/train.py --np 2 --epochs 5
+	$(PY) -m mlflow_hvd.cli.train --np 2 --epochs 5
 
 lint: setup
 	$(VENV)/bin/ruff check mlflow_hvd tests examples benchmarks

@@ -1,7 +1,7 @@
 """examples/digits_single.py migrated to Horovod, tracked in MLflow: the eight steps.
 
 Every rank runs :func:`train`; ``HorovodRunner(np=...).run(train, ...)`` (see
-examples/train.py) starts the ranks and returns rank 0's result. The numbered comments are
+mlflow_hvd/cli/train.py) starts the ranks and returns rank 0's result. The numbered comments are
 the migration steps.
 """
 

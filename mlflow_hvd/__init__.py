@@ -1,23 +1,38 @@
 """mlflow_hvd: distributed TensorFlow/Keras training with Horovod on Spark, tracked in MLflow.
 
 ``HorovodRunner(np=...)`` is an open, working take on Databricks' HorovodRunner API.
+
+Package map (see README "Architecture"): ``runner`` (public API) and ``driver/`` run in the
+user's process; ``backends/`` start ranks (``backends/spark/task.py`` on executors);
+``agent/`` hosts one rank's process; ``rank/`` runs inside it; ``tracking/``, ``keras/``
+and ``data`` are used by training code; ``sweep/`` and ``cli/`` drive whole jobs.
+
+Attributes are imported lazily, so a rank's ``import mlflow_hvd`` does not pull in the
+driver stack (horovod's rendezvous server, Spark).
 """
 
-from mlflow_hvd.context import log_to_driver
-from mlflow_hvd.errors import (
-    AuthenticationError,
-    BackendError,
-    ChannelError,
-    ConfigurationError,
-    InsufficientSlotsError,
-    MlflowHvdError,
-    RankFailure,
-    RunTimeoutError,
-    SparkBarrierUnsupportedError,
-    StartTimeoutError,
-    WorkerFailedError,
-)
-from mlflow_hvd.runner import HorovodRunner
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlflow_hvd.errors import (
+        AuthenticationError,
+        BackendError,
+        ChannelError,
+        ConfigurationError,
+        InsufficientSlotsError,
+        MlflowHvdError,
+        RankFailure,
+        RunTimeoutError,
+        SparkBarrierUnsupportedError,
+        StartTimeoutError,
+        TrackingError,
+        WorkerFailedError,
+    )
+    from mlflow_hvd.rank.context import log_to_driver
+    from mlflow_hvd.runner import HorovodRunner
 
 __version__ = "0.1.0"
 
@@ -33,6 +48,25 @@ __all__ = [
     "RunTimeoutError",
     "SparkBarrierUnsupportedError",
     "StartTimeoutError",
+    "TrackingError",
     "WorkerFailedError",
     "log_to_driver",
 ]
+_WHERE = {
+    **{name: "mlflow_hvd.errors" for name in __all__},
+    "HorovodRunner": "mlflow_hvd.runner",
+    "log_to_driver": "mlflow_hvd.rank.context",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mlflow_hvd' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -182,7 +182,7 @@ class ChannelClient:
             self._sock = socket.create_connection(self._address, timeout=timeout)
         except OSError as exc:
             raise ChannelError(
-                f"cannot reach the mlflow_hvd driver at {host}:{port} within {timeout:.0f}s: "
+                f"cannot reach the mlflow_hvd driver at {host}:{port} within {timeout:g}s: "
                 f"{exc}. Check that executors can open connections to the driver host "
                 "(spark.driver.host) and that no firewall blocks the port."
             ) from exc

@@ -47,6 +47,10 @@ class BackendError(MlflowHvdError):
     """The launch backend (e.g. the Spark job) failed outside of the user's code."""
 
 
+class TrackingError(MlflowHvdError):
+    """Logging to the driver's MLflow run failed."""
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """What is known about one failed rank.
@@ -93,6 +97,8 @@ class WorkerFailedError(MlflowHvdError):
         root_cause: The earliest failure.
         failures: All failures observed, root cause first.
         stopped_ranks: Ranks that were stopped by the driver after the root cause.
+        unreported_ranks: Ranks whose exit never reached the driver (their task or host
+            may be lost).
     """
 
     def __init__(
@@ -100,14 +106,19 @@ class WorkerFailedError(MlflowHvdError):
         root_cause: RankFailure,
         failures: Sequence[RankFailure] = (),
         stopped_ranks: Sequence[int] = (),
+        unreported_ranks: Sequence[int] = (),
     ) -> None:
         self.root_cause = root_cause
         self.failures = tuple(failures) or (root_cause,)
         self.stopped_ranks = tuple(stopped_ranks)
+        self.unreported_ranks = tuple(unreported_ranks)
         super().__init__(self._format())
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.root_cause, self.failures, self.stopped_ranks))
+        return (
+            type(self),
+            (self.root_cause, self.failures, self.stopped_ranks, self.unreported_ranks),
+        )
 
     @property
     def rank(self) -> int:
@@ -146,5 +157,11 @@ class WorkerFailedError(MlflowHvdError):
             lines.append(
                 "Stopped by the driver after the root cause: ranks "
                 + ", ".join(str(r) for r in self.stopped_ranks)
+            )
+        if self.unreported_ranks:
+            lines.append(
+                "No exit report reached the driver from ranks "
+                + ", ".join(str(r) for r in self.unreported_ranks)
+                + " (their task or host may be lost)"
             )
         return "\n".join(lines)

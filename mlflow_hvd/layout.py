@@ -8,6 +8,7 @@ would give them.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -16,7 +17,7 @@ from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 
 from mlflow_hvd.messages import RankSlot
 
-WORKER_MODULE = "mlflow_hvd.worker"
+WORKER_MODULE = "mlflow_hvd.rank.worker"
 
 
 def assign_slots(task_hosts: Sequence[str]) -> tuple[RankSlot, ...]:
@@ -41,35 +42,21 @@ def assign_slots(task_hosts: Sequence[str]) -> tuple[RankSlot, ...]:
         tasks_on[host].append(task)
     hosts = [HostInfo(h, len(tasks_on[h])) for h in order]
     plan: list[SlotInfo] = get_host_assignments(hosts, len(task_hosts), len(task_hosts))
-    by_task: dict[int, RankSlot] = {}
-    for info in plan:
-        task = tasks_on[info.hostname][info.local_rank]
-        by_task[task] = RankSlot(
-            hostname=info.hostname,
-            rank=info.rank,
-            local_rank=info.local_rank,
-            cross_rank=info.cross_rank,
-            size=info.size,
-            local_size=info.local_size,
-            cross_size=info.cross_size,
-        )
+    by_task = {tasks_on[info.hostname][info.local_rank]: from_slot_info(info) for info in plan}
     return tuple(by_task[t] for t in range(len(task_hosts)))
+
+
+_SLOT_FIELDS = tuple(f.name for f in dataclasses.fields(RankSlot))
+
+
+def from_slot_info(info: SlotInfo) -> RankSlot:
+    """horovod's ``SlotInfo`` as our frozen, comparable :class:`RankSlot`."""
+    return RankSlot(**{name: getattr(info, name) for name in _SLOT_FIELDS})
 
 
 def to_slot_infos(slots: Sequence[RankSlot]) -> list[SlotInfo]:
     """Convert to horovod's ``SlotInfo`` (what ``RendezvousServer.init`` expects)."""
-    return [
-        SlotInfo(
-            hostname=s.hostname,
-            rank=s.rank,
-            local_rank=s.local_rank,
-            cross_rank=s.cross_rank,
-            size=s.size,
-            local_size=s.local_size,
-            cross_size=s.cross_size,
-        )
-        for s in slots
-    ]
+    return [SlotInfo(**dataclasses.asdict(s)) for s in slots]
 
 
 def rank_env(

@@ -1,4 +1,5 @@
-"""Typed messages that cross process boundaries (worker or Spark task -> driver).
+"""Typed values that cross process boundaries: driver -> agent -> worker, and every
+message from a worker or Spark task back to the driver.
 
 All are frozen dataclasses of plain values so that they pickle small and compare by value.
 """
@@ -6,7 +7,9 @@ All are frozen dataclasses of plain values so that they pickle small and compare
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -16,6 +19,26 @@ class Stream(enum.Enum):
     STDOUT = "stdout"
     STDERR = "stderr"
     LOG = "log"  # sent with mlflow_hvd.log_to_driver
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """What a worker reads from its stdin at start (kept off the command line and env):
+    the agent writes it, :mod:`mlflow_hvd.rank.worker` reads it."""
+
+    secret_hex: str
+    driver_host: str
+    driver_port: int
+    payload_path: str
+    parent_pid: int
+    channel_timeout: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> Bootstrap:
+        return Bootstrap(**json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -67,41 +90,42 @@ class LayoutReport:
     """
 
     partition: int
-    attempt: int
     slots: tuple[RankSlot, ...]
 
 
 @dataclass(frozen=True)
-class WorkerStarted:
-    """The worker process of ``rank`` is running and has reached the driver."""
+class FromRank:
+    """Base of every message about one rank (sent by its worker or its agent)."""
 
     rank: int
-    host: str
-    pid: int
 
 
 @dataclass(frozen=True)
-class OutputLines:
+class WorkerStarted(FromRank):
+    """The worker process of ``rank`` is running and has reached the driver."""
+
+    host: str
+
+
+@dataclass(frozen=True)
+class OutputLines(FromRank):
     """Lines of a rank's output, in order, each without its newline."""
 
-    rank: int
     stream: Stream
     lines: tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class WorkerResult:
+class WorkerResult(FromRank):
     """Rank 0's return value, cloudpickled."""
 
-    rank: int
     payload: bytes
 
 
 @dataclass(frozen=True)
-class WorkerError:
+class WorkerError(FromRank):
     """The user's function raised in ``rank``; sent before the worker exits non-zero."""
 
-    rank: int
     host: str
     error: str
     traceback: str
@@ -109,10 +133,9 @@ class WorkerError:
 
 
 @dataclass(frozen=True)
-class WorkerExited:
+class WorkerExited(FromRank):
     """The worker process of ``rank`` ended; negative ``exit_code`` is a signal number."""
 
-    rank: int
     host: str
     exit_code: int
     timestamp: float
@@ -135,3 +158,6 @@ Message = (
     | WorkerExited
     | BackendFinished
 )
+
+Sink = Callable[[Message], None]
+"""Where a backend or an agent delivers messages: the driver's queue, or the channel."""

@@ -57,7 +57,7 @@ def worker_processes() -> list[psutil.Process]:
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = proc.info["cmdline"] or []
-            if "mlflow_hvd.worker" in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            if "mlflow_hvd.rank.worker" in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

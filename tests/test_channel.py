@@ -55,7 +55,7 @@ def _wait_for(cond: object, timeout: float = 5.0) -> None:
 
 def test_messages_arrive_in_order_and_send_returns_after_handling(server: object) -> None:
     client = ChannelClient("127.0.0.1", server.port, SECRET)  # type: ignore[attr-defined]
-    msgs = [WorkerStarted(0, "h", 1), OutputLines(0, Stream.STDOUT, ("a", "b"))]
+    msgs = [WorkerStarted(0, "h"), OutputLines(0, Stream.STDOUT, ("a", "b"))]
     for m in msgs:
         client.send(m)
     assert server.received == msgs  # type: ignore[attr-defined]
@@ -116,9 +116,9 @@ def test_garbage_and_oversize_frames_are_rejected(server: object) -> None:
 
 def test_valid_frame_built_by_hand_is_accepted(server: object) -> None:
     with socket.create_connection(("127.0.0.1", server.port)) as s:  # type: ignore[attr-defined]
-        s.sendall(encode_frame(SECRET, WorkerStarted(1, "h", 2)))
+        s.sendall(encode_frame(SECRET, WorkerStarted(1, "h")))
         assert s.recv(1) == b"\x01"
-    assert server.received == [WorkerStarted(1, "h", 2)]  # type: ignore[attr-defined]
+    assert server.received == [WorkerStarted(1, "h")]  # type: ignore[attr-defined]
 
 
 def test_unreachable_driver_names_address_and_what_to_check() -> None:
@@ -137,7 +137,7 @@ def test_driver_closing_mid_send_is_a_channel_error() -> None:
     listener.listen(1)
     port = listener.getsockname()[1]
 
-    frame_len = len(encode_frame(SECRET, WorkerStarted(0, "h", 1)))
+    frame_len = len(encode_frame(SECRET, WorkerStarted(0, "h")))
 
     def accept_and_close() -> None:
         conn, _ = listener.accept()
@@ -150,6 +150,6 @@ def test_driver_closing_mid_send_is_a_channel_error() -> None:
     t.start()
     client = ChannelClient("127.0.0.1", port, SECRET, timeout=5)
     with pytest.raises(ChannelError, match="closed the connection while handling WorkerStarted"):
-        client.send(WorkerStarted(0, "h", 1))
+        client.send(WorkerStarted(0, "h"))
     t.join()
     listener.close()

@@ -10,7 +10,6 @@ from collections.abc import Callable
 import cloudpickle
 import pytest
 
-from mlflow_hvd.agent import Sink
 from mlflow_hvd.backends.base import JobSpec
 from mlflow_hvd.driver import DriverSettings, Verbosity, run_job
 from mlflow_hvd.errors import BackendError, RunTimeoutError, StartTimeoutError, WorkerFailedError
@@ -18,8 +17,8 @@ from mlflow_hvd.layout import assign_slots
 from mlflow_hvd.messages import (
     BackendFinished,
     LayoutReport,
-    Message,
     OutputLines,
+    Sink,
     Stream,
     WorkerError,
     WorkerExited,
@@ -31,35 +30,50 @@ Script = Callable[[Sink, threading.Event], None]
 
 
 class FakeBackend:
-    """Plays a script of messages from a thread; records stop/close calls."""
+    """Plays a script of messages from a thread; records stop/close calls.
+
+    An exception in the script (e.g. a failed expectation) is kept and re-raised by
+    :func:`_run`, so it fails the test instead of only warning from a thread.
+    """
 
     name = "fake"
 
     def __init__(self, script: Script) -> None:
         self.script = script
         self.stopped = threading.Event()
+        self.stopped_by_driver = False  # stop() was called before close()
         self.closed = False
+        self.error: BaseException | None = None
         self.job: JobSpec | None = None
         self._thread: threading.Thread | None = None
 
     def start(self, job: JobSpec, sink: Sink) -> None:
         self.job = job
-        sink(LayoutReport(0, 0, assign_slots(["h"] * job.np)))
-        self._thread = threading.Thread(target=self.script, args=(sink, self.stopped))
+        sink(LayoutReport(0, assign_slots(["h"] * job.np)))
+        self._thread = threading.Thread(target=self._play, args=(sink,))
         self._thread.start()
 
+    def _play(self, sink: Sink) -> None:
+        try:
+            self.script(sink, self.stopped)
+        except BaseException as exc:
+            self.error = exc
+
     def stop(self) -> None:
+        if not self.closed:
+            self.stopped_by_driver = True
         self.stopped.set()
 
     def wait(self, timeout: float) -> bool:
-        assert self._thread is not None
+        if self._thread is None:
+            return True
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
     def close(self) -> None:
-        self.stop()
-        self.wait(10)
         self.closed = True
+        self.stopped.set()
+        self.wait(10)
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name}
@@ -68,19 +82,24 @@ class FakeBackend:
 def _run(script: Script, np: int = 2, **settings: object) -> tuple[object, FakeBackend, str]:
     backend = FakeBackend(script)
     out = io.StringIO()
-    payload = run_job(np, b"", backend, DriverSettings(**settings), "127.0.0.1", "test", out)  # type: ignore[arg-type]
+    try:
+        payload = run_job(np, b"", backend, DriverSettings(**settings), "127.0.0.1", "test", out)  # type: ignore[arg-type]
+    finally:
+        if backend.error is not None:
+            raise backend.error
     return cloudpickle.loads(payload), backend, out.getvalue()
 
 
 def _ok(sink: Sink, rank: int, value: object = None) -> None:
-    sink(WorkerStarted(rank, "h", 100 + rank))
+    sink(WorkerStarted(rank, "h"))
     if rank == 0:
         sink(WorkerResult(0, cloudpickle.dumps(value)))
     sink(WorkerExited(rank, "h", 0, time.time()))
 
 
 def _until_stopped(sink: Sink, stop: threading.Event, rank: int) -> None:
-    assert stop.wait(10), "driver never stopped the backend"
+    if not stop.wait(10):
+        raise AssertionError("the driver never stopped the backend")
     sink(WorkerExited(rank, "h", -15, time.time(), stopped=True))
 
 
@@ -118,9 +137,9 @@ def test_verbosity_all_shows_every_line_prefixed() -> None:
 
 def test_first_failure_is_root_cause_and_others_are_stopped() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
-        sink(WorkerStarted(0, "h", 1))
-        sink(WorkerStarted(1, "h", 2))
-        sink(WorkerStarted(2, "h", 3))
+        sink(WorkerStarted(0, "h"))
+        sink(WorkerStarted(1, "h"))
+        sink(WorkerStarted(2, "h"))
         sink(OutputLines(1, Stream.STDOUT, ("working",)))
         sink(WorkerError(1, "h", "ValueError: boom", "Traceback...\nValueError: boom\n", 10.0))
         sink(WorkerExited(1, "h", 1, 10.5))
@@ -129,8 +148,11 @@ def test_first_failure_is_root_cause_and_others_are_stopped() -> None:
         sink(WorkerExited(2, "h", 1, 11.5))
         _until_stopped(sink, stop, 0)
 
+    backend = FakeBackend(script)
     with pytest.raises(WorkerFailedError) as info:
-        _run(script, np=3)
+        run_job(3, b"", backend, DriverSettings(), "127.0.0.1", "test", io.StringIO())
+    assert backend.error is None
+    assert backend.stopped_by_driver
     exc = info.value
     assert (exc.rank, exc.host, exc.exit_code) == (1, "h", 1)
     assert [f.rank for f in exc.failures] == [1, 2]
@@ -159,21 +181,40 @@ def test_rank_that_never_reports_after_failure_does_not_hang_the_driver() -> Non
         sink(WorkerExited(1, "h", 3, 1.0))  # rank 0 never reports at all
 
     t0 = time.monotonic()
+    backend = FakeBackend(script)
     with pytest.raises(WorkerFailedError) as info:
-        _run(script, stop_grace=0.5, report_grace=0.5)
+        run_job(2, b"", backend, DriverSettings(stop_grace=0.5, report_grace=0.5),
+                "127.0.0.1", "test", io.StringIO())
     assert time.monotonic() - t0 < 5
-    assert info.value.stopped_ranks == (0,)
+    assert backend.stopped_by_driver
+    assert info.value.stopped_ranks == (0,)  # the driver stopped the job it never heard of
+    assert info.value.unreported_ranks == ()
+
+
+def test_rank_lost_without_a_stop_is_reported_as_unreported() -> None:
+    from mlflow_hvd.driver.supervisor import JobRecord, JobState
+
+    job = JobRecord(np=2)
+    job.exited[1] = WorkerExited(1, "h", 3, 1.0)
+    job.fail(1.0)
+    assert job.state is JobState.FAILING  # no stop sent yet
+    failures, stopped, unreported = job.failures()
+    assert ([f.rank for f in failures], stopped, unreported) == ([1], [], [0])
+    exc = WorkerFailedError(failures[0], failures, stopped, unreported)
+    assert str(exc).endswith(
+        "No exit report reached the driver from ranks 0 (their task or host may be lost)"
+    )
 
 
 def test_start_timeout_names_missing_ranks_and_setting() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
-        sink(WorkerStarted(0, "h", 1))
+        sink(WorkerStarted(0, "h"))
         stop.wait(10)
 
     with pytest.raises(StartTimeoutError) as info:
         _run(script, start_timeout=0.5)
     assert str(info.value) == (
-        "1 of 2 ranks started within 0s (missing ranks: 1). Raise "
+        "1 of 2 ranks started within 0.5s (missing ranks: 1). Raise "
         "HorovodRunner(start_timeout=...) if workers are slow to start, or check that the "
         "cluster has free slots"
     )
@@ -181,8 +222,8 @@ def test_start_timeout_names_missing_ranks_and_setting() -> None:
 
 def test_run_timeout() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
-        sink(WorkerStarted(0, "h", 1))
-        sink(WorkerStarted(1, "h", 2))
+        sink(WorkerStarted(0, "h"))
+        sink(WorkerStarted(1, "h"))
         stop.wait(10)
 
     with pytest.raises(RunTimeoutError, match=r"did not finish within 1s \(0 of 2 ranks exited\)"):
@@ -217,4 +258,30 @@ def test_secret_is_not_in_job_repr() -> None:
     assert "secret" not in repr(backend.job)
 
 
-_ = Message
+def test_backend_finished_without_every_exit_report_does_not_hang() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        _ok(sink, 0)
+        sink(BackendFinished())  # rank 1's exit report never arrives
+
+    t0 = time.monotonic()
+    with pytest.raises(BackendError) as info:
+        _run(script, report_grace=0.5)
+    assert time.monotonic() - t0 < 5
+    assert str(info.value) == (
+        "the fake backend finished but ranks 1 never reported their exit within 0.5s of it; "
+        "their output was lost on the way to the driver"
+    )
+
+
+def test_tasks_that_disagree_on_the_layout_fail_the_job() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(LayoutReport(1, assign_slots(["h", "other"])))  # task 1 saw other hosts
+        stop.wait(10)
+
+    with pytest.raises(BackendError) as info:
+        _run(script)
+    assert str(info.value) == (
+        "the fake backend cannot run this job: task 1 computed a different rank layout than "
+        "the first task (hosts seen: h, other); do the executors' hostnames resolve "
+        "consistently?"
+    )

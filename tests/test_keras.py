@@ -77,3 +77,19 @@ def test_resume_after_a_failure_continues_from_the_last_checkpoint(store: str) -
     epochs = [a.path for a in client.list_artifacts(run_id, "checkpoints")]
     assert epochs == [f"checkpoints/epoch_{i}" for i in range(4)]
     assert result["test_accuracy"] > 0.5
+
+
+def test_misuse_of_the_keras_layer_is_refused_on_every_rank() -> None:
+    found = HorovodRunner(np=-2, track=False).run(workers.keras_misuse)
+    assert found == {
+        "scale": "learning_rate must be > 0, got 0",
+        "optimizer": "DistributedOptimizer needs a keras.optimizers.Optimizer, got str",
+        "warmup": "warmup_epochs must be >= 0 and steps_per_epoch >= 1, got -1 and 10",
+        "every": "log_every_n_steps must be >= 1, got 0",
+        "restore": "compile the model before restore_from_checkpoint: the checkpoint restores "
+        "the optimizer's state too",
+        "xla": "the model was compiled with jit_compile=True (XLA); Horovod's allreduce has no "
+        "XLA kernel in this build: compile with jit_compile=False",
+        "counts": "ranks hold different numbers of variables to broadcast (by rank: [6, 4]); "
+        "build the model and optimizer the same way on every rank",
+    }

@@ -72,5 +72,5 @@ def test_worker_env_drops_stale_horovod_and_run_variables() -> None:
 
 
 def test_worker_command_carries_no_secret() -> None:
-    assert worker_command() == [sys.executable, "-m", "mlflow_hvd.worker"]
-    assert worker_command("/opt/py") == ["/opt/py", "-m", "mlflow_hvd.worker"]
+    assert worker_command() == [sys.executable, "-m", "mlflow_hvd.rank.worker"]
+    assert worker_command("/opt/py") == ["/opt/py", "-m", "mlflow_hvd.rank.worker"]

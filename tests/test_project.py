@@ -75,7 +75,7 @@ def test_mlflow_run_from_a_copy_in_another_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("param", "message"),
     [
-        ("np=0", "np=0: use np=N (>0) for N Spark barrier tasks or np=-N for N local processes"),
+        ("np=0", "np=0 is not a valid number of processes: use np=-N for N processes on the"),
         ("learning_rate=-0.1", "learning_rate=-0.1: must be a positive number"),
         ("data=/no/such/dir", "data='/no/such/dir': no such file or directory"),
     ],

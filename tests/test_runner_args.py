@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from mlflow_hvd import ConfigurationError, HorovodRunner
+from mlflow_hvd.backends.spark.session import check_barrier_supported, expected_slots
 from mlflow_hvd.errors import SparkBarrierUnsupportedError
-from mlflow_hvd.session import check_barrier_supported, expected_slots
 
 
 @pytest.mark.parametrize("np", [0])
@@ -49,7 +49,7 @@ def test_bad_durations(name: str, value: object) -> None:
 
 
 def test_bad_max_line_bytes() -> None:
-    with pytest.raises(ConfigurationError, match="max_line_bytes must be an int >= 80, got 10"):
+    with pytest.raises(ConfigurationError, match="max_line_bytes must be an integer >= 80, got 10"):
         HorovodRunner(np=-1, max_line_bytes=10)
 
 

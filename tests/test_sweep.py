@@ -10,7 +10,7 @@ import pytest
 import workers
 from hyperopt import hp
 
-from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.errors import ConfigurationError, MlflowHvdError, TrackingError
 from mlflow_hvd.sweep import space_from_json, sweep
 
 SPACE = {"x": hp.uniform("x", 0.0, 1.0), "y": hp.choice("y", [0, 1, 2])}
@@ -28,8 +28,12 @@ def _children(parent_id: str) -> list[Any]:
 @pytest.mark.slow
 @pytest.mark.spark
 def test_sweep_of_three_spark_trials(store: str, spark: Any) -> None:
+    import matplotlib
+
+    matplotlib.use("pdf")  # the caller's choice: the sweep's chart must not change it
     result = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=2, seed=1,
                    runner_options={"spark": spark})
+    assert matplotlib.get_backend() == "pdf"
     client = mlflow.MlflowClient()
     parent = client.get_run(result.parent_run_id)
     assert parent.info.status == "FINISHED"
@@ -97,7 +101,7 @@ def test_bad_search_spaces_fail_before_any_trial(spec: dict[str, Any], message: 
 
 
 def test_bad_sweep_arguments_start_nothing(store: str) -> None:
-    with pytest.raises(ConfigurationError, match="max_evals must be a positive int, got 0"):
+    with pytest.raises(ConfigurationError, match="max_evals must be an integer >= 1, got 0"):
         sweep(workers.quadratic_trial, SPACE, max_evals=0, np=-1)
     with pytest.raises(ConfigurationError, match="np=0 is not a valid number"):
         sweep(workers.quadratic_trial, SPACE, max_evals=1, np=0)
@@ -107,14 +111,47 @@ def test_bad_sweep_arguments_start_nothing(store: str) -> None:
 
 
 def test_no_progress_rule_counts_trials_since_the_best() -> None:
-    from types import SimpleNamespace
+    from mlflow_hvd.sweep.search import no_progress
 
-    from mlflow_hvd.sweep import _no_progress
+    def trials(*losses: float | None) -> list[dict[str, float]]:
+        return [{"loss": v} if v is not None else {} for v in losses]
 
-    def trials(*losses: float | None) -> object:
-        return SimpleNamespace(results=[{"loss": v} if v is not None else {} for v in losses])
+    assert not no_progress(trials(3.0, 2.0, 2.5), 2)
+    assert no_progress(trials(3.0, 2.0, 2.5, 2.1), 2)
+    assert no_progress(trials(1.0, None, None), 2)  # failed trials are no progress
+    assert not no_progress(trials(None, None), 1)  # no successful trial yet: keep going
 
-    assert not _no_progress(trials(3.0, 2.0, 2.5), 2)
-    assert _no_progress(trials(3.0, 2.0, 2.5, 2.1), 2)
-    assert _no_progress(trials(1.0, None, None), 2)  # failed trials are no progress
-    assert not _no_progress(trials(None, None), 1)  # no successful trial yet: keep going
+
+def test_unreadable_saved_trials_stop_the_sweep_before_any_trial(store: str) -> None:
+    client = mlflow.MlflowClient()
+    parent = client.create_run("0")
+    client.log_text(parent.info.run_id, "not a pickle", "hyperopt/trials.pkl")
+    with pytest.raises(TrackingError) as info:
+        sweep(workers.quadratic_trial, SPACE, max_evals=2, np=-1,
+              parent_run_id=parent.info.run_id)
+    assert str(info.value).startswith(
+        f"sweep run {parent.info.run_id} has saved trials (hyperopt/trials.pkl) that cannot be "
+        "read: UnpicklingError: "
+    )
+    assert str(info.value).endswith(
+        "Fix access to the run's artifacts and rerun, or start a new sweep without parent_run_id"
+    )
+    # nothing was overwritten, and no trial ran
+    text = mlflow.artifacts.load_text(f"runs:/{parent.info.run_id}/hyperopt/trials.pkl")
+    assert text == "not a pickle"
+    assert client.get_run(parent.info.run_id).info.status == "FAILED"
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert [r.info.run_id for r in runs] == [parent.info.run_id]
+
+
+def test_a_sweep_whose_every_trial_fails_says_so(store: str, tmp_path: Path) -> None:
+    with pytest.raises(MlflowHvdError) as info:
+        sweep(workers.quadratic_trial, SPACE, max_evals=1, np=-1,
+              fixed_params={"fail_marker": str(tmp_path / "marker")})
+    assert str(info.value) == "all 1 trials failed; see the child runs"
+
+
+def test_metric_must_be_named(store: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        sweep(workers.quadratic_trial, SPACE, max_evals=1, np=-1, metric="")
+    assert str(info.value) == "metric must name the metric to minimise, e.g. 'val_loss'"

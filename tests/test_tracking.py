@@ -7,10 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import mlflow
 import pytest
@@ -18,8 +18,8 @@ import workers
 from conftest import assert_no_workers_left
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
-from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.mlflow_run import absolute_tracking_uri
+from mlflow_hvd.errors import TrackingError
+from mlflow_hvd.tracking.driver_run import absolute_tracking_uri
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,6 @@ def test_param_changed_value_is_refused_clearly(store: str) -> None:
         "ConfigurationError: param 'lr' was already logged as '0.1'; MLflow refuses to change "
         "it to '0.2'. Log changing values as metrics or tags instead"
     )
-    _ = ConfigurationError
 
 
 def test_ctrl_c_on_the_driver_marks_the_run_killed(tmp_path: Path) -> None:
@@ -204,14 +203,80 @@ def test_logging_through_a_real_mlflow_server(mlflow_server: str, tmp_path: Path
         mlflow.set_tracking_uri(old)
 
 
-_ = Any
 
 
 def test_system_metrics_are_logged_once_per_node(store: str) -> None:
+    key = "system/localhost/cpu_utilization_percentage"
     runner = HorovodRunner(np=-2, log_system_metrics=True)
-    runner.run(workers.sleep_then_return, seconds=5.0)
-    metrics = mlflow.MlflowClient().get_run(runner.last_run_id).data.metrics
+    seen = runner.run(workers.wait_for_metric_values, key=key, count=3)
+    assert seen >= 3
+    client = mlflow.MlflowClient()
+    metrics = client.get_run(runner.last_run_id).data.metrics
     system = sorted(k for k in metrics if k.startswith("system/"))
-    assert "system/localhost/cpu_utilization_percentage" in system
-    # two ranks on one node: one monitor, one series per metric, prefixed by the node
+    # two ranks on one node: prefixed by the node, one series per metric ...
+    assert key in system
     assert all(k.startswith("system/localhost/") for k in system)
+    # ... written by one monitor: a second one would log each step again
+    steps = [m.step for m in client.get_metric_history(runner.last_run_id, key)]
+    assert steps == list(range(len(steps))), steps
+
+
+class _SlowValue:
+    """A metric value whose conversion blocks the logging thread until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __float__(self) -> float:
+        self.release.wait(30)
+        return 1.0
+
+
+def test_flush_that_cannot_drain_names_the_store_and_the_wait(store: str) -> None:
+    from mlflow_hvd.messages import TrackingTarget
+    from mlflow_hvd.tracking.rank_logger import _AsyncLogger
+
+    run = mlflow.MlflowClient().create_run("0")
+    logger = _AsyncLogger(TrackingTarget(store, run.info.run_id, "0"))
+    stuck = _SlowValue()
+    logger.put("metric", ("m", stuck, 0, 0))
+    with pytest.raises(TrackingError) as info:
+        logger.flush(timeout=0.3)
+    assert str(info.value) == (
+        f"MLflow logging did not drain within 0.3s; is the tracking server at {store} reachable?"
+    )
+    stuck.release.set()
+    logger.flush(timeout=30)  # once unblocked, the value lands
+    assert [m.value for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "m")] == [
+        1.0
+    ]
+
+
+def test_a_failed_background_send_is_raised_by_the_next_flush(store: str) -> None:
+    from mlflow_hvd.messages import TrackingTarget
+    from mlflow_hvd.tracking.rank_logger import _AsyncLogger
+
+    client = mlflow.MlflowClient()
+    run = client.create_run("0")
+    logger = _AsyncLogger(TrackingTarget(store, run.info.run_id, "0"))
+    client.delete_run(run.info.run_id)  # the store now refuses writes to it
+    logger.put("metric", ("m", 1.0, 0, 0))
+    with pytest.raises(TrackingError) as info:
+        logger.flush(timeout=30)
+    assert str(info.value).startswith(f"logging to MLflow run {run.info.run_id} failed: ")
+    assert "must be in the 'active' state" in str(info.value)
+
+
+def test_failure_bookkeeping_that_fails_is_warned_not_raised(
+    store: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mlflow_hvd.tracking.driver_run import record_failure
+
+    missing = "0" * 32  # no such run: every write is refused
+    record_failure(mlflow.MlflowClient(), missing, ValueError("the real error"))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith(
+        f"could not tag run {missing} with the failure (mlflow_hvd.error not recorded): "
+    )
+    assert warnings[1].startswith(f"could not store error.txt in run {missing}: ")

@@ -170,3 +170,58 @@ def quadratic_trial(x: float, y: int, fail_marker: str = "") -> float:
 def sleep_then_return(seconds: float) -> float:
     time.sleep(seconds)
     return seconds
+
+
+def keras_misuse() -> dict[str, str]:
+    """Every misuse of the Keras layer that must be refused, on every rank: the messages."""
+    import horovod.tensorflow as hvd
+    import keras
+
+    from mlflow_hvd import keras as hk
+    from mlflow_hvd.errors import ConfigurationError
+
+    hvd.init()
+    found: dict[str, str] = {}
+
+    def catch(key: str, action: Any) -> None:
+        try:
+            action()
+        except ConfigurationError as exc:
+            found[key] = str(exc)
+
+    def model(layers: int, **compile_args: Any) -> Any:
+        m = keras.Sequential([keras.Input((4,))] + [keras.layers.Dense(2) for _ in range(layers)])
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", **compile_args)
+        return m
+
+    def on_train_begin(m: Any) -> None:
+        cb = hk.BroadcastGlobalVariablesCallback(0)
+        cb.set_model(m)
+        cb.on_train_begin()
+
+    catch("scale", lambda: hk.scale_learning_rate(0))
+    catch("optimizer", lambda: hk.DistributedOptimizer("adam"))
+    catch("warmup", lambda: hk.LearningRateWarmupCallback(0.1, -1, 10))
+    catch("every", lambda: hk.MlflowCallback(log_every_n_steps=0))
+    catch("restore", lambda: hk.restore_from_checkpoint(keras.Sequential([keras.Input((4,))])))
+    catch("xla", lambda: on_train_begin(model(1, jit_compile=True)))
+    # rank 0 builds one more layer than the others: broadcasting would hang or corrupt
+    catch("counts", lambda: on_train_begin(model(2 if hvd.rank() == 0 else 1)))
+    return found
+
+
+def wait_for_metric_values(key: str, count: int, timeout: float = 60.0) -> int:
+    """Every rank polls the job's run until ``key`` has ``count`` values (or the deadline)."""
+    from mlflow import MlflowClient
+
+    from mlflow_hvd import tracking
+
+    target = tracking.tracking_target()
+    assert target is not None, "run this with tracking on"
+    client = MlflowClient(tracking_uri=target.tracking_uri)
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = len(client.get_metric_history(target.run_id, key))
+        if seen >= count or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.2)

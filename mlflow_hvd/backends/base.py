@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from mlflow_hvd.agent import Sink
+from mlflow_hvd.messages import Sink
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One distributed run, as the driver hands it to a backend.
+    """One distributed run, as the driver hands it to a backend (and a backend to its
+    Spark tasks: the same object travels in the barrier task's closure).
 
     Attributes:
         np: Number of ranks (positive).
-        payload: ``cloudpickle.dumps((main, kwargs))``.
+        payload: ``cloudpickle.dumps(Payload(main, kwargs, ...))``.
         secret: Per-run HMAC secret; excluded from ``repr`` so it never lands in a log.
         driver_host: Address workers use to reach the driver's channel and rendezvous.
         channel_port: Port of the driver's authenticated channel.

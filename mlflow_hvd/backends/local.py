@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import tempfile
 import threading
+import time
 
-from mlflow_hvd.agent import Bootstrap, Sink, WorkerLaunch, run_worker
+from mlflow_hvd.agent import WorkerLaunch, run_worker, staged_payload, worker_launch
 from mlflow_hvd.backends.base import JobSpec
-from mlflow_hvd.layout import assign_slots, rank_env, worker_command, worker_env
-from mlflow_hvd.messages import LayoutReport
+from mlflow_hvd.layout import assign_slots
+from mlflow_hvd.messages import LayoutReport, Sink
 
 LOCAL_HOST = "localhost"
+LOOPBACK = "127.0.0.1"
 
 
 class LocalBackend:
@@ -26,37 +28,21 @@ class LocalBackend:
         self._python = python
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._payload_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._staging = contextlib.ExitStack()
 
     def start(self, job: JobSpec, sink: Sink) -> None:
         slots = assign_slots([LOCAL_HOST] * job.np)
-        sink(LayoutReport(partition=0, attempt=0, slots=slots))
-        self._payload_dir = tempfile.TemporaryDirectory(prefix="mlflow-hvd-")
-        payload_path = os.path.join(self._payload_dir.name, "payload.pkl")
-        with open(os.open(payload_path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
-            f.write(job.payload)
-        boot = Bootstrap(
-            secret_hex=job.secret.hex(),
-            driver_host="127.0.0.1",
-            driver_port=job.channel_port,
-            payload_path=payload_path,
-            parent_pid=os.getpid(),
-            channel_timeout=job.channel_timeout,
-        )
+        sink(LayoutReport(partition=0, slots=slots))
+        payload_path = self._staging.enter_context(staged_payload(job.payload))
         for slot in slots:
-            env = worker_env(
-                os.environ,
-                rank_env(slot, "127.0.0.1", job.rendezvous_port, job.gloo_iface or "lo"),
-            )
-            launch = WorkerLaunch(
-                rank=slot.rank,
-                host=LOCAL_HOST,
-                command=tuple(worker_command(self._python)),
-                env=env,
-                bootstrap=boot,
+            launch = worker_launch(
+                job,
+                slot,
+                payload_path,
+                driver_host=LOOPBACK,
+                iface=job.gloo_iface or "lo",
                 cwd=os.getcwd(),
-                max_line_bytes=job.max_line_bytes,
-                stop_grace=job.stop_grace,
+                python=self._python,
             )
             t = threading.Thread(
                 target=self._run_rank,
@@ -75,8 +61,6 @@ class LocalBackend:
         self._stop.set()
 
     def wait(self, timeout: float) -> bool:
-        import time
-
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -86,9 +70,7 @@ class LocalBackend:
         if not self.wait(5.0):
             self.stop()
             self.wait(30.0)
-        if self._payload_dir is not None:
-            self._payload_dir.cleanup()
-            self._payload_dir = None
+        self._staging.close()
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name}

@@ -1,4 +1,4 @@
-"""Keras callback and resume helper that log through the rank-0 tracking API."""
+"""Rank side, Keras 3: the callback and resume helper that log through the rank-0 gate."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 import horovod.tensorflow as hvd
 import keras
 
-from mlflow_hvd import checkpoints, tracking
+from mlflow_hvd import tracking
 from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.tracking import checkpoints
 
 
 class MlflowCallback(keras.callbacks.Callback):
@@ -87,6 +88,11 @@ def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> in
     :class:`~mlflow_hvd.keras.BroadcastGlobalVariablesCallback` then gives every rank rank
     0's restored weights and optimizer state. Returns 0 when there is no checkpoint.
     """
+    if getattr(model, "optimizer", None) is None:  # on every rank, before any collective
+        raise ConfigurationError(
+            "compile the model before restore_from_checkpoint: the checkpoint restores the "
+            "optimizer's state too"
+        )
     initial_epoch = 0
     target = tracking.tracking_target()
     source = run_id or (target.run_id if target else None)
@@ -94,8 +100,6 @@ def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> in
         uri = target.tracking_uri if target else None
         ref = checkpoints.latest(source, uri)
         if ref is not None:
-            if model.optimizer is None:
-                raise ConfigurationError("compile the model before restore_from_checkpoint")
             model.optimizer.build(model.trainable_variables)
             with tempfile.TemporaryDirectory(prefix="mlflow-hvd-restore-") as tmp:
                 model.load_weights(checkpoints.download(ref, tmp, uri))

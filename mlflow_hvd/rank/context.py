@@ -1,6 +1,6 @@
 """What a worker process knows about its run: the driver channel and its rank.
 
-Set once by :mod:`mlflow_hvd.worker` at start; read by :func:`log_to_driver` and the tracking
+Set once by :mod:`mlflow_hvd.rank.worker` at start; read by :func:`log_to_driver` and the tracking
 API. Outside a worker (e.g. code run directly on the driver) nothing is installed and the
 functions fall back to local behaviour.
 """
@@ -24,11 +24,6 @@ def install(client: ChannelClient, rank: int) -> None:
         _client, _rank = client, rank
 
 
-def driver_client() -> ChannelClient | None:
-    """The channel to the driver, or None outside a worker."""
-    return _client
-
-
 def log_to_driver(message: str) -> None:
     """Send ``message`` to the driver, which prints it prefixed with this rank.
 
@@ -43,15 +38,4 @@ def log_to_driver(message: str) -> None:
     client.send(OutputLines(_rank, Stream.LOG, (str(message),)))
 
 
-def current_rank() -> int:
-    """This worker's Horovod rank (0 outside a worker)."""
-    return _rank
-
-
-def _reset_for_tests() -> None:
-    global _client, _rank
-    with _lock:
-        _client, _rank = None, 0
-
-
-__all__ = ["current_rank", "driver_client", "install", "log_to_driver"]
+__all__ = ["install", "log_to_driver"]

@@ -10,34 +10,16 @@ retry the barrier stage: the driver decides and cancels the job.
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 
-from mlflow_hvd.agent import Bootstrap, WorkerLaunch, run_worker
+from mlflow_hvd.agent import run_worker, staged_payload, worker_launch
+from mlflow_hvd.backends.base import JobSpec
 from mlflow_hvd.channel import ChannelClient
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.layout import assign_slots, rank_env, worker_command, worker_env
+from mlflow_hvd.layout import assign_slots
 from mlflow_hvd.messages import LayoutReport
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """What every barrier task receives in its closure."""
-
-    np: int
-    payload: bytes = field(repr=False)
-    secret: bytes = field(repr=False)
-    driver_host: str
-    channel_port: int
-    rendezvous_port: int
-    channel_timeout: float
-    max_line_bytes: int
-    stop_grace: float
-    gloo_iface: str | None
 
 
 def iface_towards(address: str) -> str:
@@ -65,7 +47,7 @@ def iface_towards(address: str) -> str:
     )
 
 
-def barrier_task(spec: TaskSpec) -> Callable[[Iterable[int]], Iterator[int]]:
+def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
     """Build the function that ``mapPartitions`` runs in every barrier task."""
 
     def run_task(_: Iterable[int]) -> Iterator[int]:
@@ -73,38 +55,15 @@ def barrier_task(spec: TaskSpec) -> Callable[[Iterable[int]], Iterator[int]]:
 
         ctx = BarrierTaskContext.get()
         partition = ctx.partitionId()
-        hosts = ctx.allGather(socket.gethostname())
-        slots = assign_slots(hosts)
-        client = ChannelClient(
-            spec.driver_host, spec.channel_port, spec.secret, spec.channel_timeout
-        )
+        slots = assign_slots(ctx.allGather(socket.gethostname()))
+        client = ChannelClient(job.driver_host, job.channel_port, job.secret, job.channel_timeout)
         try:
-            client.send(LayoutReport(partition, ctx.attemptNumber(), slots))
-            slot = slots[partition]
-            iface = spec.gloo_iface or iface_towards(spec.driver_host)
-            env = worker_env(
-                os.environ, rank_env(slot, spec.driver_host, spec.rendezvous_port, iface)
-            )
-            with tempfile.TemporaryDirectory(prefix="mlflow-hvd-task-") as tmp:
-                payload_path = os.path.join(tmp, "payload.pkl")
-                with open(os.open(payload_path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
-                    f.write(spec.payload)
-                launch = WorkerLaunch(
-                    rank=slot.rank,
-                    host=slot.hostname,
-                    command=tuple(worker_command()),
-                    env=env,
-                    bootstrap=Bootstrap(
-                        secret_hex=spec.secret.hex(),
-                        driver_host=spec.driver_host,
-                        driver_port=spec.channel_port,
-                        payload_path=payload_path,
-                        parent_pid=os.getpid(),
-                        channel_timeout=spec.channel_timeout,
-                    ),
-                    cwd=None,
-                    max_line_bytes=spec.max_line_bytes,
-                    stop_grace=spec.stop_grace,
+            client.send(LayoutReport(partition, slots))
+            iface = job.gloo_iface or iface_towards(job.driver_host)
+            with staged_payload(job.payload, prefix="mlflow-hvd-task-") as payload_path:
+                launch = worker_launch(
+                    job, slots[partition], payload_path,
+                    driver_host=job.driver_host, iface=iface, cwd=None,
                 )
                 exited = run_worker(launch, client.send, threading.Event())
         finally:

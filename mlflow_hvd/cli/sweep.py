@@ -1,6 +1,6 @@
-"""Entry point of the MLproject ``sweep``: a Hyperopt search over the digits example.
+"""Entry point of the MLproject ``sweep``: a Hyperopt search over a training function.
 
-    python examples/sweep.py --max-evals 8 --np 2 [--space space.json] [--epochs 3]
+    python -m mlflow_hvd.cli.sweep --max-evals 8 --np 2 [--space space.json] [--epochs 3]
 
 Every trial is a distributed HorovodRunner run and a nested MLflow run under the sweep's
 run. ``--space`` is a JSON file like ``{"learning_rate": ["loguniform", -7, -3],
@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-from train import whole_number
+from mlflow_hvd.cli.common import (
+    DEFAULT_TRAIN,
+    load_function,
+    prepare_environment,
+    use_default_store,
+    whole_number,
+)
+from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.options import check_np, check_positive_int
 
 DEFAULT_SPACE = {
     "learning_rate": ["loguniform", -8.0, -4.0],
@@ -28,7 +31,7 @@ DEFAULT_SPACE = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--max-evals", type=whole_number, default=8)
     p.add_argument("--np", type=whole_number, default=2)
@@ -40,32 +43,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--early-stop-rounds", type=whole_number, default=0,
                    help="stop after N trials without a new best (0: never)")
     p.add_argument("--parent-run-id", default="")
-    args = p.parse_args(argv)
+    p.add_argument("--train", default=DEFAULT_TRAIN,
+                   help="training function, 'file.py:function' or 'module:function'")
+    return p.parse_args(argv)
 
-    from mlflow_hvd.errors import ConfigurationError
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from mlflow_hvd.sweep import space_from_json, sweep
 
     try:
-        if args.np == 0:
-            raise ConfigurationError("np=0: use np=N (>0) Spark tasks or np=-N local processes")
-        if args.epochs < 1:
-            raise ConfigurationError(f"epochs={args.epochs}: must be at least 1")
+        check_np(args.np)
+        check_positive_int("epochs", args.epochs)
         spec = DEFAULT_SPACE
         if args.space and args.space != "default":
             with open(args.space) as f:
                 spec = json.load(f)
         space = space_from_json(spec)
+        train = load_function(args.train)
     except (ConfigurationError, OSError, json.JSONDecodeError) as exc:
         print(f"invalid sweep parameters: {exc}", file=sys.stderr)
         return 2
-
-    import digits_keras
-    import mlflow
-
-    if "MLFLOW_TRACKING_URI" not in os.environ:
-        mlflow.set_tracking_uri("sqlite:///mlflow.db")
+    prepare_environment()
+    use_default_store()
     result = sweep(
-        digits_keras.train,
+        train,
         space,
         max_evals=args.max_evals,
         np=args.np,

@@ -1,4 +1,4 @@
-"""Rank-aware MLflow logging for training code: rank 0 writes, other ranks do nothing.
+"""Rank side of tracking: rank 0 writes to the driver's run, other ranks do nothing.
 
 Every function goes through one gate, :func:`is_logging_rank`. On rank 0 they write to the
 driver's MLflow run (its id and tracking URI travel with the job) through
@@ -25,15 +25,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
+from mlflow_hvd.errors import ConfigurationError, TrackingError
 from mlflow_hvd.messages import TrackingTarget
 
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
 _FLUSH_INTERVAL = 2.0  # seconds between background sends; flush() sends at once
-
-
-class TrackingError(MlflowHvdError):
-    """Logging to the driver's MLflow run failed."""
 
 
 class _AsyncLogger:
@@ -74,7 +70,7 @@ class _AsyncLogger:
         self._queue.put(("flush", done))
         if not done.wait(timeout):
             raise TrackingError(
-                f"MLflow logging did not drain within {timeout:.0f}s; is the tracking server "
+                f"MLflow logging did not drain within {timeout:g}s; is the tracking server "
                 f"at {self.target.tracking_uri} reachable?"
             )
         if self._error is not None:

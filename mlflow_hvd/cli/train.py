@@ -1,10 +1,12 @@
-"""Entry point of the MLproject ``main`` and of ``make demo``: train the digits classifier.
+"""Entry point of the MLproject ``main`` and of ``make demo``: one distributed training run.
 
-    python examples/train.py --np 2 --epochs 5
+    python -m mlflow_hvd.cli.train --np 2 --epochs 5 [--train examples/digits_keras.py:train]
 
-Validates every parameter before any Spark job starts, runs examples/digits_keras.py's
-``train`` on ``np`` ranks with HorovodRunner, and prints where the MLflow run is. Without
-MLFLOW_TRACKING_URI it logs to ``sqlite:///mlflow.db`` in the current directory.
+Validates every parameter before any Spark job starts, runs the training function on ``np``
+ranks with HorovodRunner, and prints where the MLflow run is. Without MLFLOW_TRACKING_URI
+it logs to ``sqlite:///mlflow.db`` in the current directory. The training function gets
+``epochs``, ``batch_size``, ``learning_rate``, ``seed``, ``data`` and ``run_params`` (the
+parameters to log) as keyword arguments.
 """
 
 from __future__ import annotations
@@ -14,20 +16,15 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-
-def whole_number(text: str) -> int:
-    """An int that may be written as a float ("2.0"), as MLproject float params are."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value.is_integer():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    return int(value)
+from mlflow_hvd.cli.common import (
+    DEFAULT_TRAIN,
+    load_function,
+    prepare_environment,
+    use_default_store,
+    whole_number,
+)
+from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.options import check_np
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,15 +38,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default="digits",
                    help="'digits' (scikit-learn's bundled set) or a Parquet dataset directory")
     p.add_argument("--seed", type=whole_number, default=0)
+    p.add_argument("--train", default=DEFAULT_TRAIN,
+                   help=f"training function, 'file.py:function' or 'module:function' "
+                        f"(default {DEFAULT_TRAIN})")
     return p.parse_args(argv)
 
 
 def validate(args: argparse.Namespace) -> list[str]:
     """Every problem with the parameters, each naming the parameter and what to do."""
     problems = []
-    if args.np == 0:
-        problems.append("np=0: use np=N (>0) for N Spark barrier tasks or np=-N for N local "
-                        "processes")
+    try:
+        check_np(args.np)
+    except ConfigurationError as exc:
+        problems.append(str(exc))
     if args.epochs < 1:
         problems.append(f"epochs={args.epochs}: must be at least 1")
     if args.batch_size < 1:
@@ -65,24 +66,24 @@ def validate(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     problems = validate(args)
+    try:
+        train = load_function(args.train)
+    except ConfigurationError as exc:
+        problems.append(str(exc))
     if problems:
         print("invalid parameters:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
-
-    import digits_keras
-    import mlflow
-
+    prepare_environment()
     from mlflow_hvd import HorovodRunner
 
-    if "MLFLOW_TRACKING_URI" not in os.environ:
-        mlflow.set_tracking_uri("sqlite:///mlflow.db")
+    uri = use_default_store()
     t0 = time.monotonic()
     runner = HorovodRunner(np=args.np)
     data = args.data if args.data == "digits" else os.path.abspath(args.data)
     params = {"np": args.np, "epochs": args.epochs, "batch_size": args.batch_size,
               "learning_rate": args.learning_rate, "data": args.data, "seed": args.seed}
     result = runner.run(
-        digits_keras.train,
+        train,
         epochs=args.epochs,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
@@ -91,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
         run_params=params,
     )
     elapsed = time.monotonic() - t0
-    uri = mlflow.get_tracking_uri()
     print(f"\nrun {runner.last_run_id} finished in {elapsed:.0f}s: "
           f"test accuracy {result['test_accuracy']:.3f}, test loss {result['test_loss']:.3f}")
     print(f"tracking store: {uri}")

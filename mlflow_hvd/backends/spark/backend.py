@@ -1,4 +1,4 @@
-"""Spark backend: ``np > 0`` runs a barrier-mode stage of np tasks, one rank per task."""
+"""Driver side of the Spark backend: submit, watch and cancel the barrier stage."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ import re
 import threading
 from typing import Any
 
-from mlflow_hvd.agent import Sink
 from mlflow_hvd.backends.base import JobSpec
-from mlflow_hvd.messages import BackendFinished
-from mlflow_hvd.session import check_barrier_supported, wait_for_slots
-from mlflow_hvd.spark_task import TaskSpec, barrier_task
+from mlflow_hvd.backends.spark.session import check_barrier_supported, wait_for_slots
+from mlflow_hvd.backends.spark.task import barrier_task
+from mlflow_hvd.messages import BackendFinished, Sink
 
 
 class SparkBackend:
@@ -32,33 +31,21 @@ class SparkBackend:
     def start(self, job: JobSpec, sink: Sink) -> None:
         check_barrier_supported(self._sc.getConf())
         wait_for_slots(self._sc, job.np, self._slot_timeout)
-        spec = TaskSpec(
-            np=job.np,
-            payload=job.payload,
-            secret=job.secret,
-            driver_host=job.driver_host,
-            channel_port=job.channel_port,
-            rendezvous_port=job.rendezvous_port,
-            channel_timeout=job.channel_timeout,
-            max_line_bytes=job.max_line_bytes,
-            stop_grace=job.stop_grace,
-            gloo_iface=job.gloo_iface,
-        )
         self._job_id = job.job_id
         self._thread = threading.Thread(
             target=self._submit,
-            args=(spec, job, sink),
+            args=(job, sink),
             name=f"mlflow-hvd-spark-{job.job_id}",
             daemon=True,
         )
         self._thread.start()
 
-    def _submit(self, spec: TaskSpec, job: JobSpec, sink: Sink) -> None:
+    def _submit(self, job: JobSpec, sink: Sink) -> None:
         try:
             # Job group properties are thread-local: set them in the submitting thread.
             self._sc.setJobGroup(job.job_id, job.description, interruptOnCancel=True)
             rdd = self._sc.parallelize(range(job.np), job.np)
-            rdd.barrier().mapPartitions(barrier_task(spec)).collect()
+            rdd.barrier().mapPartitions(barrier_task(job)).collect()
         except Exception as exc:
             sink(BackendFinished(error=summarize_spark_error(exc)))
         else:

@@ -1,17 +1,4 @@
-"""A Keras 3 integration for Horovod, built on ``horovod.tensorflow`` collectives.
-
-``horovod.tensorflow.keras`` no longer works with Keras 3 (the default ``tf.keras`` since
-TensorFlow 2.16). This module provides what it used to:
-
-* :func:`DistributedOptimizer` - averages gradients across ranks (one fused
-  ``grouped_allreduce`` per step) inside Keras' compiled ``train_step``, so ``model.fit``
-  works unchanged;
-* :class:`BroadcastGlobalVariablesCallback` - rank 0's model and optimizer state to all;
-* :class:`MetricAverageCallback` - epoch metrics averaged over ranks;
-* :func:`scale_learning_rate` and :class:`LearningRateWarmupCallback`.
-
-Compile models with ``jit_compile=False``: Horovod's ops have no XLA kernels in this build.
-"""
+"""Rank side, Keras 3: Horovod's callbacks (broadcast, metric averaging, warmup)."""
 
 from __future__ import annotations
 
@@ -22,61 +9,7 @@ import keras
 import tensorflow as tf
 
 from mlflow_hvd.errors import ConfigurationError
-
-_WRAPPED = "_mlflow_hvd_distributed"
-
-
-def scale_learning_rate(learning_rate: float, size: int | None = None) -> float:
-    """The seed's step 5: scale the single-process learning rate by the number of workers.
-
-    With ``N`` ranks each seeing its own batch, the effective batch is ``N`` times larger.
-    """
-    if not learning_rate > 0:
-        raise ConfigurationError(f"learning_rate must be > 0, got {learning_rate!r}")
-    return float(learning_rate) * (size if size is not None else hvd.size())
-
-
-def DistributedOptimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-    """Wrap a Keras 3 optimizer so that ``apply`` first averages gradients over all ranks.
-
-    The wrapper is a subclass created on the fly with the same class name, module and config
-    as the original, so a model saved with it (``model.save``, MLflow checkpoints,
-    ``mlflow.tensorflow.log_model``) loads back as the plain optimizer, without Horovod.
-
-    Returns:
-        The same optimizer object, with its class swapped for the distributed subclass.
-    """
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ConfigurationError(
-            f"DistributedOptimizer needs a keras.optimizers.Optimizer, got "
-            f"{type(optimizer).__name__}"
-        )
-    if getattr(optimizer, _WRAPPED, False):
-        return optimizer
-    base = type(optimizer)
-
-    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-        grads = list(grads)
-        if hvd.size() > 1:
-            present = [i for i, g in enumerate(grads) if g is not None]
-            reduced = hvd.grouped_allreduce(
-                [tf.convert_to_tensor(grads[i]) for i in present], op=hvd.Average
-            )
-            for i, g in zip(present, reduced, strict=True):
-                grads[i] = g
-        return base.apply(self, grads, trainable_variables)
-
-    cls = type(base.__name__, (base,), {"apply": apply, _WRAPPED: True})
-    cls.__module__ = base.__module__
-    cls.__qualname__ = base.__qualname__
-    optimizer.__class__ = cls
-    return optimizer
-
-
-def broadcast_variables(variables: list[Any], root_rank: int = 0) -> None:
-    """Overwrite ``variables`` on every rank with their values on ``root_rank``."""
-    if variables and hvd.size() > 1:
-        hvd.broadcast_variables([getattr(v, "value", v) for v in variables], root_rank)
+from mlflow_hvd.keras.optimizer import broadcast_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -180,17 +113,3 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
             logs["learning_rate"] = float(self.model.optimizer.learning_rate.numpy())
-
-
-from mlflow_hvd.keras_mlflow import MlflowCallback, restore_from_checkpoint  # noqa: E402
-
-__all__ = [
-    "BroadcastGlobalVariablesCallback",
-    "DistributedOptimizer",
-    "LearningRateWarmupCallback",
-    "MetricAverageCallback",
-    "MlflowCallback",
-    "broadcast_variables",
-    "restore_from_checkpoint",
-    "scale_learning_rate",
-]

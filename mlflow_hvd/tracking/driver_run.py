@@ -9,6 +9,7 @@ the caller started is tagged but left for the caller to end.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 from collections.abc import Iterator, Mapping
@@ -19,6 +20,7 @@ from mlflow_hvd.errors import WorkerFailedError
 from mlflow_hvd.messages import TrackingTarget
 
 TAG_PREFIX = "mlflow_hvd."
+log = logging.getLogger(__name__)
 
 
 def absolute_tracking_uri(uri: str, cwd: str | None = None) -> str:
@@ -123,12 +125,16 @@ def record_failure(client: Any, run_id: str, exc: BaseException) -> None:
         tags[f"{TAG_PREFIX}root_cause"] = (exc.root_cause.error or exc.root_cause.describe_exit())[
             :4000
         ]
-    for key, value in tags.items():
-        try:
-            client.set_tag(run_id, key, value)
-        except Exception:  # the job's own error matters more than a failed tag
-            pass
+    from mlflow.entities import RunTag
+
+    # The job's own error is what the caller sees; a bookkeeping failure is only warned
+    # about, naming what did not reach the run.
+    try:
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    except Exception as err:
+        log.warning("could not tag run %s with the failure (%s not recorded): %s", run_id,
+                    ", ".join(sorted(tags)), err)
     try:
         client.log_text(run_id, f"{type(exc).__name__}: {exc}\n", "error.txt")
-    except Exception:
-        pass
+    except Exception as err:
+        log.warning("could not store error.txt in run %s: %s", run_id, err)

@@ -1,6 +1,6 @@
-"""Worker entry point: ``python -m mlflow_hvd.worker``.
+"""Worker entry point: ``python -m mlflow_hvd.rank.worker``.
 
-Reads a :class:`~mlflow_hvd.agent.Bootstrap` line from stdin (the run secret never appears
+Reads a :class:`~mlflow_hvd.messages.Bootstrap` line from stdin (the run secret never appears
 on the command line or in the environment), connects to the driver, runs ``main(**kwargs)``
 from the cloudpickled payload and reports the outcome:
 
@@ -25,11 +25,11 @@ import traceback
 
 import cloudpickle
 
-from mlflow_hvd import context, tracking
-from mlflow_hvd.agent import Bootstrap
 from mlflow_hvd.channel import ChannelClient
-from mlflow_hvd.messages import Payload, WorkerError, WorkerResult, WorkerStarted
+from mlflow_hvd.messages import Bootstrap, Payload, WorkerError, WorkerResult, WorkerStarted
 from mlflow_hvd.procs import set_parent_death_signal
+from mlflow_hvd.rank import context
+from mlflow_hvd.tracking import rank_logger as tracking
 
 EXIT_USER_ERROR = 1
 EXIT_ORPHANED = 70
@@ -61,7 +61,7 @@ def main() -> int:
         boot.driver_host, boot.driver_port, bytes.fromhex(boot.secret_hex), boot.channel_timeout
     )
     context.install(client, rank)
-    client.send(WorkerStarted(rank, host, os.getpid()))
+    client.send(WorkerStarted(rank, host))
     try:
         with open(boot.payload_path, "rb") as f:
             payload: Payload = cloudpickle.load(f)

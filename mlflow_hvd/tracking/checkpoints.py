@@ -1,4 +1,4 @@
-"""Checkpoints as MLflow artifacts, in the layout of MLflow's own Keras checkpointing.
+"""Rank 0: checkpoints as MLflow artifacts, in the layout of MLflow's own Keras checkpointing.
 
 Layout (as ``mlflow.tensorflow.autolog(checkpoint=True)`` writes it, so
 ``mlflow.tensorflow.load_checkpoint(run_id=..., epoch=...)`` reads ours too)::
@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from mlflow_hvd import tracking
+from mlflow_hvd.tracking import rank_logger as tracking
 
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "checkpoint.keras"

@@ -84,7 +84,7 @@ def wait_for_slots(sc: Any, np: int, timeout: float) -> int:
                 f"np={np} needs {np} concurrent barrier task slots but the Spark cluster "
                 f"(master {sc.master}) offers {slots}"
                 + (f" and can offer at most {ceiling}" if ceiling is not None and ceiling < np
-                   else f" after waiting {timeout:.0f}s")
+                   else f" after waiting {timeout:g}s")
                 + " "
                 f"(spark.executor.cores={conf.get('spark.executor.cores', 'default')}, "
                 f"spark.task.cpus={conf.get('spark.task.cpus', '1')}). Lower np, add "

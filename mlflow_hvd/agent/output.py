@@ -1,0 +1,79 @@
+"""Reading a worker's output streams and forwarding them as ordered, batched messages."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+from typing import IO, cast
+
+from mlflow_hvd.messages import Message, OutputLines, Sink, Stream
+
+_BATCH = 256
+EOF = object()
+
+
+def read_line(stream: IO[bytes], limit: int) -> str | None:
+    """Read one line of at most ``limit`` bytes; longer lines are cut with a marker.
+
+    Returns None at end of stream. The rest of an overlong line is consumed and counted, never
+    silently dropped.
+    """
+    raw = stream.readline(limit)
+    if not raw:
+        return None
+    if raw.endswith(b"\n") or len(raw) < limit:
+        return raw.rstrip(b"\r\n").decode("utf-8", errors="replace")
+    dropped = 0
+    while True:
+        rest = stream.readline(limit)
+        if not rest:
+            break
+        if rest.endswith(b"\n"):
+            dropped += len(rest) - 1
+            break
+        dropped += len(rest)
+    text = raw.decode("utf-8", errors="replace")
+    return f"{text} ...[line truncated: {dropped} more bytes]" if dropped else text
+
+
+def pump(stream: IO[bytes] | None, kind: Stream, out: queue.Queue[object], limit: int) -> None:
+    if stream is None:
+        return
+    try:
+        while (line := read_line(stream, limit)) is not None:
+            out.put((kind, line))
+    except (OSError, ValueError):
+        pass
+
+
+def send_batches(lines: queue.Queue[object], rank: int, sink: Sink) -> None:
+    """Forward lines in order, batching whatever has queued up while the last send ran."""
+    done = False
+    while not done:
+        item = lines.get()
+        batch = [item]
+        while len(batch) < _BATCH:
+            try:
+                batch.append(lines.get_nowait())
+            except queue.Empty:
+                break
+        group: list[str] = []
+        current: Stream | None = None
+        for entry in batch:
+            if entry is EOF:
+                done = True
+                break
+            kind, text = cast(tuple[Stream, str], entry)
+            if kind is not current and group and current is not None:
+                _safe_sink(sink, OutputLines(rank, current, tuple(group)))
+                group = []
+            current = kind
+            group.append(text)
+        if group and current is not None:
+            _safe_sink(sink, OutputLines(rank, current, tuple(group)))
+
+
+def _safe_sink(sink: Sink, message: Message) -> None:
+    # Output forwarding is best effort; the exit report is not.
+    with contextlib.suppress(Exception):
+        sink(message)

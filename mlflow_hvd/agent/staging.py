@@ -1,0 +1,65 @@
+"""Staging one job on a host: the payload file and the description of each rank's launch.
+
+The same code serves the local backend (driver host) and Spark barrier tasks (executors),
+so a rank starts the same way wherever it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from mlflow_hvd.agent.process import WorkerLaunch
+from mlflow_hvd.backends.base import JobSpec
+from mlflow_hvd.layout import rank_env, worker_command, worker_env
+from mlflow_hvd.messages import Bootstrap, RankSlot
+
+PAYLOAD_FILE = "payload.pkl"
+
+
+@contextmanager
+def staged_payload(payload: bytes, prefix: str = "mlflow-hvd-") -> Iterator[str]:
+    """Write ``payload`` to a private (0600) file in a new temporary directory; yields its
+    path and removes the directory on exit."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        path = os.path.join(tmp, PAYLOAD_FILE)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(payload)
+        yield path
+
+
+def worker_launch(
+    job: JobSpec,
+    slot: RankSlot,
+    payload_path: str,
+    *,
+    driver_host: str,
+    iface: str,
+    cwd: str | None,
+    python: str | None = None,
+) -> WorkerLaunch:
+    """How to start the worker of ``slot.rank``: command, environment and bootstrap.
+
+    ``driver_host`` is the address this host uses to reach the driver (its channel and
+    horovod's rendezvous server); ``iface`` the network interface Gloo uses.
+    """
+    env = worker_env(os.environ, rank_env(slot, driver_host, job.rendezvous_port, iface))
+    return WorkerLaunch(
+        rank=slot.rank,
+        host=slot.hostname,
+        command=tuple(worker_command(python)),
+        env=env,
+        bootstrap=Bootstrap(
+            secret_hex=job.secret.hex(),
+            driver_host=driver_host,
+            driver_port=job.channel_port,
+            payload_path=payload_path,
+            parent_pid=os.getpid(),
+            channel_timeout=job.channel_timeout,
+        ),
+        cwd=cwd,
+        max_line_bytes=job.max_line_bytes,
+        stop_grace=job.stop_grace,
+    )

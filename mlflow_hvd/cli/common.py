@@ -1,0 +1,74 @@
+"""What both entry points share: argument types, loading the training function, the store."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from mlflow_hvd.errors import ConfigurationError
+
+DEFAULT_TRAIN = "examples/digits_keras.py:train"
+DEFAULT_STORE = "sqlite:///mlflow.db"
+
+
+def whole_number(text: str) -> int:
+    """An int that may be written as a float ("2.0"), as MLproject float params are."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """The function named by ``path/to/file.py:name`` or ``package.module:name``.
+
+    A file is imported as a module named after it, with its directory on ``sys.path`` (so
+    its sibling imports work); HorovodRunner then ships it to the ranks by value.
+
+    Raises:
+        ConfigurationError: Malformed spec, missing file or module, or no such function.
+    """
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigurationError(
+            f"--train {spec!r}: expected 'path/to/file.py:function' or 'module:function'"
+        )
+    if where.endswith(".py"):
+        path = os.path.abspath(where)
+        if not os.path.isfile(path):
+            raise ConfigurationError(f"--train {spec!r}: no such file {path}")
+        sys.path.insert(0, os.path.dirname(path))
+        module = importlib.import_module(os.path.splitext(os.path.basename(path))[0])
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise ConfigurationError(f"--train {spec!r}: cannot import {where}: {exc}") from exc
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigurationError(f"--train {spec!r}: {where} has no function {name!r}")
+    return fn
+
+
+def use_default_store() -> str:
+    """Without ``MLFLOW_TRACKING_URI``, log to ``sqlite:///mlflow.db`` in the working
+    directory; returns the tracking URI in use."""
+    import mlflow
+
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        mlflow.set_tracking_uri(DEFAULT_STORE)
+    return str(mlflow.get_tracking_uri())
+
+
+def prepare_environment() -> None:
+    """Quiet TensorFlow's C++ logs; Spark executors use this interpreter (the project's)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -1,0 +1,97 @@
+"""One job's lifetime on the driver: servers up, backend started, supervised, all stopped."""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import socket
+import sys
+import threading
+import uuid
+from typing import TextIO
+
+from mlflow_hvd.backends.base import Backend, JobSpec
+from mlflow_hvd.channel import ChannelServer
+from mlflow_hvd.driver.rendezvous import Rendezvous
+from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
+from mlflow_hvd.messages import LayoutReport
+
+
+def run_job(
+    np: int,
+    payload: bytes,
+    backend: Backend,
+    settings: DriverSettings,
+    driver_host: str,
+    description: str,
+    out: TextIO | None = None,
+    job_id: str | None = None,
+) -> bytes:
+    """Run one job to completion and return rank 0's cloudpickled return value.
+
+    Starts the channel and rendezvous servers and the backend, supervises the job, and
+    always stops all three before returning or raising.
+
+    Raises:
+        WorkerFailedError: A rank raised, exited non-zero or was killed.
+        StartTimeoutError: Not every rank started within ``settings.start_timeout``.
+        RunTimeoutError: The job exceeded ``settings.run_timeout``.
+        BackendError: The backend failed outside the user's code.
+    """
+    events: queue.Queue[object] = queue.Queue()
+    rendezvous = Rendezvous()
+
+    def on_message(message: object) -> None:
+        if isinstance(message, LayoutReport):
+            mismatch = rendezvous.on_layout(message)
+            if mismatch is not None:
+                events.put(mismatch)
+        else:
+            events.put(message)
+
+    secret = secrets.token_bytes(32)
+    channel = ChannelServer(secret, on_message)
+    try:
+        job = JobSpec(
+            np=np,
+            payload=payload,
+            secret=secret,
+            driver_host=driver_host,
+            channel_port=channel.start(),
+            rendezvous_port=rendezvous.port,
+            job_id=job_id or new_job_id(),
+            description=description,
+            channel_timeout=settings.channel_timeout,
+            max_line_bytes=settings.max_line_bytes,
+            stop_grace=settings.stop_grace,
+            gloo_iface=settings.gloo_iface,
+        )
+        finished = False
+        try:
+            backend.start(job, on_message)
+            value = supervise(JobRecord(np), events, backend, settings, out or sys.stdout)
+            finished = True
+            return value
+        finally:
+            if not finished:  # failure, deadline or Ctrl-C: stop now, don't wait
+                backend.stop()
+            backend.close()
+    finally:
+        # horovod's server polls for shutdown every 0.5 s: stop it alongside the channel
+        stopper = threading.Thread(target=rendezvous.stop, name="mlflow-hvd-rdv-stop")
+        stopper.start()
+        channel.stop()
+        stopper.join(timeout=10)
+
+
+def new_job_id() -> str:
+    """A unique id for one run; also its Spark job group."""
+    return f"mlflow-hvd-{uuid.uuid4().hex[:12]}"
+
+
+def resolve_host(host: str) -> str:
+    """IPv4 address of ``host`` (workers and Gloo connect to the driver by address)."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host

@@ -1,0 +1,78 @@
+"""What every rank runs: ``main`` and its kwargs, cloudpickled once on the driver.
+
+Functions defined in the user's own modules (a script, its helpers, a notebook's project)
+are pickled by value, because Spark executors cannot import them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.messages import Payload, TrackingTarget
+
+
+def dumps_payload(
+    main: Callable[..., Any], kwargs: dict[str, Any], target: TrackingTarget | None = None
+) -> bytes:
+    """cloudpickle ``(main, kwargs)``; the caller's own modules go by value.
+
+    Installed packages and the standard library stay by reference (workers import them).
+    The module of ``main`` and the other user modules loaded here (a script's helpers, a
+    test file's fixtures) are pickled by value, so workers whose ``sys.path`` differs from
+    the driver's (Spark executors) can still run them. Modules imported *inside* ``main``
+    must be importable on the workers.
+    """
+    module = sys.modules.get(getattr(main, "__module__", "") or "")
+    by_value = _user_modules(module)
+    source_file = source_text = ""
+    for mod in by_value:
+        cloudpickle.register_pickle_by_value(mod)
+    if module is not None and module in by_value:
+        source_file = os.path.realpath(str(module.__file__))
+        try:
+            with open(source_file, encoding="utf-8") as f:
+                source_text = f.read()
+        except OSError:
+            source_text = ""
+    try:
+        return cloudpickle.dumps(Payload(main, kwargs, source_file, source_text, target))
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot pickle main or its kwargs for the workers: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        for mod in by_value:
+            cloudpickle.unregister_pickle_by_value(mod)
+
+
+def _user_modules(main_module: Any) -> list[Any]:
+    """Every user module loaded in this process, ``main``'s first: a script's helpers and a
+    notebook's imports from its project are installed nowhere on the workers."""
+    found = [m for m in list(sys.modules.values()) if _is_user_module(m)]
+    if main_module in found:
+        found.remove(main_module)
+        found.insert(0, main_module)
+    return found
+
+
+def _is_user_module(module: Any) -> bool:
+    """A module of the user's own code: not installed (site-packages), not the standard
+    library, not mlflow_hvd, not ``__main__`` (which cloudpickle already sends by value)."""
+    name = getattr(module, "__name__", "")
+    path = getattr(module, "__file__", None)
+    if name == "__main__" or not path or not isinstance(path, str):
+        return False
+    if name.split(".")[0] == "mlflow_hvd":
+        return False
+    path = os.path.realpath(path)
+    if "site-packages" in path or "dist-packages" in path:
+        return False
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    return not path.startswith(stdlib + os.sep)

@@ -1,0 +1,272 @@
+"""The driver loop: consume a job's messages, enforce its deadlines, decide how it ended.
+
+The loop only consumes messages (from the channel or, for local processes, directly from
+the agents); it never branches on the backend's type. The job moves through the states of
+:class:`JobState`; every transition is a named method of :class:`JobRecord`.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from mlflow_hvd.backends.base import Backend
+from mlflow_hvd.driver.rendezvous import LayoutMismatch
+from mlflow_hvd.errors import (
+    BackendError,
+    RankFailure,
+    RunTimeoutError,
+    StartTimeoutError,
+    WorkerFailedError,
+)
+from mlflow_hvd.messages import (
+    BackendFinished,
+    OutputLines,
+    Stream,
+    WorkerError,
+    WorkerExited,
+    WorkerResult,
+    WorkerStarted,
+)
+
+TAIL_LINES = 100
+EXIT_AFTER_ERROR = 2.0  # seconds a rank that reported an error gets to exit by itself
+
+
+class Verbosity(enum.Enum):
+    """``driver_log_verbosity`` of Databricks' HorovodRunner."""
+
+    ALL = "all"
+    LOG_CALLBACK_ONLY = "log_callback_only"
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    """Deadlines and output settings of one run (all seconds)."""
+
+    verbosity: Verbosity = Verbosity.LOG_CALLBACK_ONLY
+    start_timeout: float = 60.0
+    run_timeout: float | None = None
+    stop_grace: float = 5.0
+    channel_timeout: float = 60.0
+    max_line_bytes: int = 16384
+    gloo_iface: str | None = None
+    # After a failure and stop(), how long the other ranks get to report their exit; also
+    # how long exit reports may lag behind a backend that says it finished.
+    report_grace: float = 15.0
+
+
+class JobState(enum.Enum):
+    """Where a job is. ``RUNNING -> FAILING -> STOPPING``; the loop ends in any state once
+    every rank reported its exit (or a deadline of the state passed)."""
+
+    RUNNING = "running"  # no failure seen
+    FAILING = "failing"  # a rank failed; erring ranks get EXIT_AFTER_ERROR to exit alone
+    STOPPING = "stopping"  # backend.stop() sent; collecting the remaining exit reports
+
+
+@dataclass
+class JobRecord:
+    """Everything the driver has learned about one job, and its state."""
+
+    np: int
+    state: JobState = JobState.RUNNING
+    failed_at: float | None = None
+    started: dict[int, str] = field(default_factory=dict)
+    exited: dict[int, WorkerExited] = field(default_factory=dict)
+    errors: dict[int, WorkerError] = field(default_factory=dict)
+    result: WorkerResult | None = None
+    backend_finished: BackendFinished | None = None
+    backend_finished_at: float | None = None
+    fault: str = ""  # a failure of the job's machinery (e.g. a layout mismatch)
+    tails: dict[int, collections.deque[str]] = field(
+        default_factory=lambda: collections.defaultdict(
+            lambda: collections.deque(maxlen=TAIL_LINES)
+        )
+    )
+
+    # --- transitions -------------------------------------------------------------------
+    def fail(self, now: float) -> None:
+        """RUNNING -> FAILING: the first rank failure was observed."""
+        if self.state is JobState.RUNNING:
+            self.state, self.failed_at = JobState.FAILING, now
+
+    def stop(self, backend: Backend) -> None:
+        """FAILING -> STOPPING: ask the backend to stop every rank (the only way into
+        STOPPING, so a rank is never labelled stopped unless the stop was sent)."""
+        if self.state is JobState.FAILING:
+            backend.stop()
+            self.state = JobState.STOPPING
+
+    # --- queries -----------------------------------------------------------------------
+    def all_exited(self) -> bool:
+        return len(self.exited) >= self.np
+
+    def rank_failed(self) -> bool:
+        return bool(self.errors) or any(
+            e.exit_code != 0 and not e.stopped for e in self.exited.values()
+        )
+
+    def erring_not_exited(self) -> bool:
+        return bool(set(self.errors) - set(self.exited))
+
+    def failures(self) -> tuple[list[RankFailure], list[int], list[int]]:
+        """(failures sorted by time, ranks stopped by the driver, ranks never reported).
+
+        A rank without an exit report counts as stopped only if the driver did stop the
+        job (cancelling a Spark job ends its tasks before they can report); otherwise its
+        fate is unknown and it is listed as unreported.
+        """
+        out: list[RankFailure] = []
+        stopped: list[int] = []
+        unreported: list[int] = []
+        for rank in range(self.np):
+            err, ex = self.errors.get(rank), self.exited.get(rank)
+            if err is None and ex is None:
+                (stopped if self.state is JobState.STOPPING else unreported).append(rank)
+            elif err is None and ex is not None and (ex.exit_code == 0 or ex.stopped):
+                if ex.stopped:
+                    stopped.append(rank)
+            else:
+                out.append(self._failure(rank, err, ex))
+        out.sort(key=lambda f: f.timestamp)
+        return out, stopped, unreported
+
+    def _failure(self, rank: int, err: WorkerError | None, ex: WorkerExited | None) -> RankFailure:
+        host = err.host if err else ex.host if ex else self.started.get(rank, "?")
+        return RankFailure(
+            rank=rank,
+            host=host,
+            exit_code=ex.exit_code if ex else None,
+            error=err.error if err else "",
+            traceback=err.traceback if err else "",
+            output_tail=tuple(self.tails[rank]),
+            timestamp=err.timestamp if err else ex.timestamp if ex else time.time(),
+        )
+
+
+def supervise(
+    job: JobRecord,
+    events: queue.Queue[object],
+    backend: Backend,
+    settings: DriverSettings,
+    out: TextIO,
+) -> bytes:
+    """Run the loop until every rank exited or a deadline ends the job.
+
+    Returns:
+        Rank 0's cloudpickled return value.
+
+    Raises:
+        WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError.
+    """
+    t0 = time.monotonic()
+    wind_down = settings.stop_grace + settings.report_grace
+    while not job.all_exited():
+        now = time.monotonic()
+        if job.state is JobState.RUNNING:
+            _check_running(job, backend, settings, now - t0, now)
+        elif now > (job.failed_at or now) + wind_down or (
+            job.state is JobState.STOPPING and job.backend_finished is not None
+        ):
+            break  # the backend has ended or the wind-down is over: no more reports come
+        try:
+            message: object = events.get(timeout=0.1)
+        except queue.Empty:
+            message = None
+        if message is not None:
+            handle(message, job, settings, out)
+        if job.rank_failed():
+            job.fail(time.monotonic())
+        exit_alone_until = (job.failed_at or 0.0) + EXIT_AFTER_ERROR
+        if job.state is JobState.FAILING and (
+            not job.erring_not_exited() or time.monotonic() > exit_alone_until
+        ):
+            # A rank that reported an error exits by itself right after; it got a moment so
+            # that its real exit status is reported rather than our SIGTERM.
+            job.stop(backend)
+    return _outcome(job)
+
+
+def _check_running(
+    job: JobRecord, backend: Backend, settings: DriverSettings, elapsed: float, now: float
+) -> None:
+    """The deadlines and faults of a job with no rank failure yet."""
+    np = job.np
+    if len(job.started) < np and elapsed > settings.start_timeout:
+        backend.stop()
+        missing = sorted(set(range(np)) - set(job.started))
+        raise StartTimeoutError(
+            f"{len(job.started)} of {np} ranks started within {settings.start_timeout:g}s "
+            f"(missing ranks: {', '.join(map(str, missing))}). Raise "
+            "HorovodRunner(start_timeout=...) if workers are slow to start, or check that the "
+            "cluster has free slots"
+        )
+    if settings.run_timeout is not None and elapsed > settings.run_timeout:
+        backend.stop()
+        raise RunTimeoutError(
+            f"the job did not finish within {settings.run_timeout:g}s ({len(job.exited)} of "
+            f"{np} ranks exited); raise HorovodRunner(timeout=...) or pass timeout=None for no "
+            "limit"
+        )
+    if job.fault:
+        backend.stop()
+        raise BackendError(f"the {backend.name} backend cannot run this job: {job.fault}")
+    finished = job.backend_finished
+    if finished is None or job.backend_finished_at is None:
+        return
+    if finished.error:
+        raise BackendError(
+            f"the {backend.name} backend failed before all ranks finished "
+            f"({len(job.exited)} of {np} exited): {finished.error}"
+        )
+    if now > job.backend_finished_at + settings.report_grace:
+        missing = sorted(set(range(np)) - set(job.exited))
+        raise BackendError(
+            f"the {backend.name} backend finished but ranks {', '.join(map(str, missing))} "
+            f"never reported their exit within {settings.report_grace:g}s of it; their output "
+            "was lost on the way to the driver"
+        )
+
+
+def _outcome(job: JobRecord) -> bytes:
+    if job.rank_failed():
+        failures, stopped, unreported = job.failures()
+        if failures:
+            raise WorkerFailedError(failures[0], failures, stopped, unreported)
+    if job.result is None:
+        raise BackendError(
+            "every rank exited with status 0 but rank 0 sent no return value; "
+            "was the worker replaced by another program?"
+        )
+    return job.result.payload
+
+
+def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextIO) -> None:
+    """Record one message; print output lines the verbosity asks for."""
+    if isinstance(message, OutputLines):
+        tail = job.tails[message.rank]
+        show = message.stream is Stream.LOG or settings.verbosity is Verbosity.ALL
+        for line in message.lines:
+            text = f"[{message.rank}]<{message.stream.value}>: {line}"
+            tail.append(text)
+            if show:
+                out.write(text + "\n")
+        if show:
+            out.flush()
+    elif isinstance(message, WorkerStarted):
+        job.started[message.rank] = message.host
+    elif isinstance(message, WorkerResult):
+        job.result = message
+    elif isinstance(message, WorkerError):
+        job.errors.setdefault(message.rank, message)
+    elif isinstance(message, WorkerExited):
+        job.exited[message.rank] = message
+    elif isinstance(message, BackendFinished):
+        job.backend_finished, job.backend_finished_at = message, time.monotonic()
+    elif isinstance(message, LayoutMismatch):
+        job.fault = job.fault or message.detail

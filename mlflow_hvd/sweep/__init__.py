@@ -1,0 +1,10 @@
+"""Hyperopt sweeps of distributed trials (driver side): one HorovodRunner job per trial.
+
+* :mod:`.search` - the sweep loop: validate, resume, run one trial, summarise;
+* :mod:`.space` - search spaces; :mod:`.trials_store` - resume state; :mod:`.plot` - chart.
+"""
+
+from mlflow_hvd.sweep.search import SweepResult, sweep
+from mlflow_hvd.sweep.space import space_from_json, validate_space
+
+__all__ = ["SweepResult", "space_from_json", "sweep", "validate_space"]

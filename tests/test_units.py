@@ -1,0 +1,179 @@
+"""Every raise of the small pure modules, each with its whole message (no processes)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mlflow_hvd
+from mlflow_hvd.channel import MAGIC, ChannelClient, ChannelServer, encode_frame, read_frame
+from mlflow_hvd.cli.common import load_function, whole_number
+from mlflow_hvd.errors import AuthenticationError, ChannelError, ConfigurationError
+from mlflow_hvd.messages import WorkerStarted
+from mlflow_hvd.options import check_np, check_positive_int, check_seconds
+from mlflow_hvd.sweep.space import validate_space
+
+SECRET = b"s" * 32
+
+
+def test_unknown_top_level_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="^module 'mlflow_hvd' has no attribute 'Nope'$"):
+        _ = mlflow_hvd.Nope  # type: ignore[attr-defined]
+    assert mlflow_hvd.HorovodRunner.__name__ == "HorovodRunner"
+    assert "HorovodRunner" in dir(mlflow_hvd)
+
+
+def test_option_validators_name_the_option() -> None:
+    assert check_np(-2) == -2
+    with pytest.raises(ConfigurationError) as info:
+        check_np(True)
+    assert str(info.value) == (
+        "np must be a non-zero integer, got True (bool): use np=-N for N processes on the "
+        "driver, np=N for N Spark barrier tasks"
+    )
+    assert check_seconds("t", 2) == 2.0
+    with pytest.raises(ConfigurationError) as info:
+        check_seconds("start_timeout", -1)
+    assert str(info.value) == "start_timeout must be a positive number of seconds, got -1"
+    assert check_positive_int("n", 3) == 3
+    with pytest.raises(ConfigurationError) as info:
+        check_positive_int("max_evals", 1.5)
+    assert str(info.value) == "max_evals must be an integer >= 1, got 1.5"
+
+
+def test_whole_number_arguments() -> None:
+    assert whole_number("2.0") == 2
+    with pytest.raises(argparse.ArgumentTypeError, match="^'two' is not a number$"):
+        whole_number("two")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^'2.5' is not a whole number$"):
+        whole_number("2.5")
+
+
+def test_load_function_from_a_file_and_a_module(tmp_path: Path) -> None:
+    script = tmp_path / "my_training_prog.py"
+    script.write_text("def train(**kw):\n    return 'trained'\n")
+    assert load_function(f"{script}:train")() == "trained"
+    assert load_function("os.path:join")("a", "b") == "a/b"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("train", "--train 'train': expected 'path/to/file.py:function' or 'module:function'"),
+        ("/no/such.py:train", "--train '/no/such.py:train': no such file /no/such.py"),
+        ("no_such_pkg_xyz:train",
+         "--train 'no_such_pkg_xyz:train': cannot import no_such_pkg_xyz: No module named "
+         "'no_such_pkg_xyz'"),
+        ("os.path:nothing_here", "--train 'os.path:nothing_here': os.path has no function "
+         "'nothing_here'"),
+    ],
+)
+def test_load_function_refuses_bad_specs(spec: str, message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        load_function(spec)
+    assert str(info.value) == message
+
+
+def test_space_keys_must_be_names() -> None:
+    from hyperopt import hp
+
+    with pytest.raises(ConfigurationError) as info:
+        validate_space({"": hp.uniform("x", 0, 1)})
+    assert str(info.value) == "space keys must be non-empty strings, got ''"
+
+
+def test_search_space_entry_with_bad_arguments() -> None:
+    from mlflow_hvd.sweep import space_from_json
+
+    with pytest.raises(ConfigurationError) as info:
+        space_from_json({"x": ["choice", 5]})
+    assert str(info.value) == "search space entry 'x': object of type 'int' has no len()"
+
+
+class _Pair:
+    """A connected socket pair: ``a`` writes raw bytes, ``b`` is read by read_frame."""
+
+    def __init__(self) -> None:
+        self.a, self.b = socket.socketpair()
+        self.b.settimeout(5)
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+
+
+def test_frame_cut_short_is_an_eof_naming_the_missing_bytes() -> None:
+    pair = _Pair()
+    frame = encode_frame(SECRET, WorkerStarted(0, "h"))
+    pair.a.sendall(frame[:-5])
+    pair.a.close()
+    with pytest.raises(EOFError, match=r"^connection closed with 5 of \d+ bytes unread$"):
+        read_frame(pair.b, SECRET)
+    pair.close()
+
+
+def test_connection_closed_between_frames_is_a_plain_eof() -> None:
+    pair = _Pair()
+    pair.a.close()
+    with pytest.raises(EOFError, match="^connection closed$"):
+        read_frame(pair.b, SECRET)
+    pair.close()
+
+
+def test_oversize_frame_is_refused_from_its_header() -> None:
+    pair = _Pair()
+    pair.a.sendall(MAGIC + (1 << 40).to_bytes(8, "big"))
+    with pytest.raises(AuthenticationError) as info:
+        read_frame(pair.b, SECRET, max_frame=1024)
+    assert str(info.value) == f"frame of {1 << 40} bytes exceeds the limit of 1024"
+    pair.close()
+
+
+def test_send_to_a_driver_that_is_gone_is_a_channel_error() -> None:
+    received: list[Any] = []
+    server = ChannelServer(SECRET, received.append, bind_host="127.0.0.1")
+    port = server.start()
+    client = ChannelClient("127.0.0.1", port, SECRET, timeout=5)
+    client.send(WorkerStarted(0, "h"))
+    # the peer resets the connection: the next send fails with a clear error
+    client._sock.shutdown(socket.SHUT_RDWR)
+    with pytest.raises(ChannelError) as info:
+        client.send(WorkerStarted(0, "h"))
+    assert str(info.value).startswith(
+        f"lost the connection to the driver at 127.0.0.1:{port} while sending WorkerStarted: "
+    )
+    client.close()
+    server.stop()
+    assert received == [WorkerStarted(0, "h")]
+
+
+def test_no_interface_holding_the_route_source_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import psutil
+
+    from mlflow_hvd.backends.spark.task import iface_towards
+
+    assert iface_towards("127.0.0.1") == "lo"
+    own = [
+        (name, a.address)
+        for name, addrs in psutil.net_if_addrs().items()
+        for a in addrs
+        if a.family == socket.AF_INET and not a.address.startswith("127.")
+    ]
+    assert own, "this machine has no non-loopback IPv4 address"
+    name, address = own[0]
+    assert iface_towards(address) == name  # a route to ourselves: its own interface
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: {})  # the address vanished
+    with pytest.raises(ConfigurationError) as info:
+        iface_towards(address)
+    assert str(info.value) == (
+        f"no network interface holds {address}, the address that routes to the driver at "
+        f"{address}; pass HorovodRunner(gloo_iface=...) with the interface Gloo should use"
+    )
+
+

@@ -9,6 +9,7 @@ import cloudpickle
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.backends.local import LocalBackend
+from mlflow_hvd.backends.spark.master import standalone_addresses
 from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
 from mlflow_hvd.driver.payload import dumps_payload
 from mlflow_hvd.errors import ConfigurationError
@@ -33,7 +34,11 @@ class HorovodRunner:
         slot_timeout: Seconds to wait for Spark executors to offer ``np`` task slots.
         timeout: Optional limit in seconds on the whole run (None: no limit).
         stop_grace: Seconds between SIGTERM and SIGKILL when stopping ranks.
-        spark: The SparkSession to use for ``np > 0`` (default: active or embedded one).
+        spark: The SparkSession to use for ``np > 0`` (default: the active one, else one on
+            the master Spark's own settings name, else an embedded ``local[N]``).
+        spark_master: The Spark master for a new session (e.g. ``spark://host:7077``);
+            None or ``"auto"``: ``PYSPARK_SUBMIT_ARGS``' ``--master``, ``spark.master`` in
+            ``spark-defaults.conf``, or ``MASTER``, as ``spark-submit`` reads them.
         gloo_iface: Network interface for Gloo (default: the one routing to the driver).
         max_line_bytes: Longer output lines are cut with a ``...[line truncated: N more
             bytes]`` marker.
@@ -54,6 +59,7 @@ class HorovodRunner:
         timeout: float | None = None,
         stop_grace: float = 5.0,
         spark: Any = None,
+        spark_master: str | None = None,
         gloo_iface: str | None = None,
         max_line_bytes: int = 16384,
         track: bool = True,
@@ -78,6 +84,13 @@ class HorovodRunner:
         )
         self._slot_timeout = check_seconds("slot_timeout", slot_timeout)
         self._spark = spark
+        if spark_master is not None and not isinstance(spark_master, str):
+            raise ConfigurationError(
+                f"spark_master must be a master URL such as 'spark://host:7077' (or None), got "
+                f"{type(spark_master).__name__}"
+            )
+        standalone_addresses(spark_master or "")  # a malformed spark:// URL fails now
+        self._spark_master = spark_master
         self._track = bool(track)
         self._system_metrics = bool(log_system_metrics)
         self.last_job_id: str | None = None
@@ -140,7 +153,9 @@ class HorovodRunner:
         from mlflow_hvd.backends.spark import SparkBackend
         from mlflow_hvd.backends.spark.session import get_or_create_session
 
-        spark = self._spark or get_or_create_session(self.num_processor)
+        spark = self._spark or get_or_create_session(
+            self.num_processor, self._spark_master, self._slot_timeout
+        )
         host = spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
         return SparkBackend(spark, self._slot_timeout), resolve_host(host)
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +14,7 @@ import mlflow
 import pytest
 import workers
 from conftest import assert_no_workers_left
+from services import start_mlflow_server, stop_group
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
 from mlflow_hvd.errors import TrackingError
@@ -141,41 +140,12 @@ def test_ctrl_c_on_the_driver_marks_the_run_killed(tmp_path: Path) -> None:
     assert_no_workers_left()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real `mlflow server` on loopback: SQLite backend, artifacts served over HTTP."""
-    import urllib.request
-
-    root = tmp_path_factory.mktemp("server")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root}/server.db",
-         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"mlflow server did not become healthy (exit {proc.poll()})")
-        time.sleep(0.25)
+    proc, url = start_mlflow_server("127.0.0.1", tmp_path_factory.mktemp("server"))
     yield url
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
+    stop_group(proc, grace=30)
 
 
 @pytest.mark.slow

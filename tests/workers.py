@@ -225,3 +225,38 @@ def wait_for_metric_values(key: str, count: int, timeout: float = 60.0) -> int:
         if seen >= count or time.monotonic() > deadline:
             return seen
         time.sleep(0.2)
+
+
+def layout_everywhere() -> list[dict[str, Any]]:
+    """Every rank's place in the job (gathered to all) and a cross-host allreduce."""
+    import socket
+
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    total = float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum).numpy())
+    mine = {
+        "hostname": socket.gethostname(),
+        "rank": hvd.rank(),
+        "local_rank": hvd.local_rank(),
+        "cross_rank": hvd.cross_rank(),
+        "size": hvd.size(),
+        "local_size": hvd.local_size(),
+        "cross_size": hvd.cross_size(),
+        "sum": total,
+        "gloo_iface": os.environ.get("HOROVOD_GLOO_IFACE", ""),
+    }
+    return sorted(hvd.allgather_object(mine), key=lambda d: d["rank"])
+
+
+def sleep_after_init(seconds: float = 600.0) -> None:
+    """Join the job, then idle: a job that only ends when something fails."""
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    print(f"rank {hvd.rank()} idling", flush=True)
+    import mlflow_hvd
+
+    mlflow_hvd.log_to_driver(f"rank {hvd.rank()} up")
+    time.sleep(seconds)

@@ -43,6 +43,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--early-stop-rounds", type=whole_number, default=0,
                    help="stop after N trials without a new best (0: never)")
     p.add_argument("--parent-run-id", default="")
+    p.add_argument("--spark-master", default="auto",
+                   help="Spark master for np>0, e.g. spark://host:7077; 'auto' (default): "
+                        "Spark's own settings (PYSPARK_SUBMIT_ARGS, spark-defaults.conf, "
+                        "MASTER), else an embedded local[N]")
     p.add_argument("--train", default=DEFAULT_TRAIN,
                    help="training function, 'file.py:function' or 'module:function'")
     return p.parse_args(argv)
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         early_stop_rounds=args.early_stop_rounds or None,
         parent_run_id=args.parent_run_id or None,
         fixed_params={"epochs": args.epochs},
+        runner_options={"spark_master": args.spark_master},
     )
     print(f"\nsweep run {result.parent_run_id}: {result.trials} trials "
           f"({result.failed_trials} failed); best {args.metric} {result.best_loss:.4f} with "

@@ -38,6 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default="digits",
                    help="'digits' (scikit-learn's bundled set) or a Parquet dataset directory")
     p.add_argument("--seed", type=whole_number, default=0)
+    p.add_argument("--spark-master", default="auto",
+                   help="Spark master for np>0, e.g. spark://host:7077; 'auto' (default): "
+                        "Spark's own settings (PYSPARK_SUBMIT_ARGS, spark-defaults.conf, "
+                        "MASTER), else an embedded local[N]")
     p.add_argument("--train", default=DEFAULT_TRAIN,
                    help=f"training function, 'file.py:function' or 'module:function' "
                         f"(default {DEFAULT_TRAIN})")
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     uri = use_default_store()
     t0 = time.monotonic()
-    runner = HorovodRunner(np=args.np)
+    runner = HorovodRunner(np=args.np, spark_master=args.spark_master)
     data = args.data if args.data == "digits" else os.path.abspath(args.data)
     params = {"np": args.np, "epochs": args.epochs, "batch_size": args.batch_size,
               "learning_rate": args.learning_rate, "data": args.data, "seed": args.seed}

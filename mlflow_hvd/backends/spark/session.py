@@ -7,19 +7,43 @@ import re
 import time
 from typing import Any
 
-from mlflow_hvd.errors import InsufficientSlotsError, SparkBarrierUnsupportedError
+from mlflow_hvd.backends.spark.master import AUTO, check_reachable, choose_master
+from mlflow_hvd.errors import (
+    ConfigurationError,
+    InsufficientSlotsError,
+    SparkBarrierUnsupportedError,
+)
 
 
-def get_or_create_session(np: int) -> Any:
-    """The active SparkSession, or an embedded ``local[max(np, cores)]`` one if none exists."""
+def get_or_create_session(np: int, spark_master: str | None = None,
+                          timeout: float = 30.0) -> Any:
+    """The active SparkSession, or a new one on the configured master (see
+    :mod:`.master`), or an embedded ``local[max(np, cores)]`` one when nothing configures a
+    master.
+
+    Raises:
+        ConfigurationError: ``spark_master`` differs from the active session's master.
+        BackendError: The configured standalone master does not answer within ``timeout``.
+    """
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
+    choice = choose_master(spark_master, os.environ)
     if active is not None:
+        running = str(active.sparkContext.master)
+        if spark_master and spark_master != AUTO and spark_master != running:
+            raise ConfigurationError(
+                f"spark_master={spark_master!r} but this process already has a SparkSession "
+                f"on {running!r}; stop it first (spark.stop()) or leave spark_master unset"
+            )
         return active
-    slots = max(np, os.cpu_count() or 1)
+    if choice is None:
+        master = f"local[{max(np, os.cpu_count() or 1)}]"
+    else:
+        check_reachable(choice, timeout)
+        master = choice.master
     return (
-        SparkSession.builder.master(f"local[{slots}]")
+        SparkSession.builder.master(master)
         .appName("mlflow_hvd")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
@@ -79,16 +103,25 @@ def wait_for_slots(sc: Any, np: int, timeout: float) -> int:
         if slots >= np:
             return slots
         if (ceiling is not None and ceiling < np) or time.monotonic() >= deadline:
-            conf = sc.getConf()
-            raise InsufficientSlotsError(
-                f"np={np} needs {np} concurrent barrier task slots but the Spark cluster "
-                f"(master {sc.master}) offers {slots}"
-                + (f" and can offer at most {ceiling}" if ceiling is not None and ceiling < np
-                   else f" after waiting {timeout:g}s")
-                + " "
-                f"(spark.executor.cores={conf.get('spark.executor.cores', 'default')}, "
-                f"spark.task.cpus={conf.get('spark.task.cpus', '1')}). Lower np, add "
-                "executors or cores, or raise HorovodRunner(slot_timeout=...) if executors "
-                "are still starting"
-            )
+            raise InsufficientSlotsError(_slots_message(sc, np, slots, ceiling, timeout))
         time.sleep(0.25)
+
+
+def _slots_message(sc: Any, np: int, slots: int, ceiling: int | None, timeout: float) -> str:
+    conf = sc.getConf()
+    text = (
+        f"np={np} needs {np} concurrent barrier task slots but the Spark cluster (master "
+        f"{sc.master}) offers {slots}"
+        + (f" and can offer at most {ceiling}" if ceiling is not None and ceiling < np
+           else f" after waiting {timeout:g}s")
+        + f" (spark.executor.cores={conf.get('spark.executor.cores', 'default')}, "
+        f"spark.task.cpus={conf.get('spark.task.cpus', '1')}). Lower np, add executors or "
+        "cores, or raise HorovodRunner(slot_timeout=...) if executors are still starting"
+    )
+    if slots == 0:
+        text += (
+            ". No executor has registered at all: check that the cluster's workers are alive "
+            "and can connect back to the driver at "
+            f"spark.driver.host={conf.get('spark.driver.host', '?')}"
+        )
+    return text

@@ -1,0 +1,225 @@
+"""A two-node Spark standalone cluster on this machine, for the cluster tests.
+
+Each worker runs in its own Linux network, UTS and mount namespace: its own hostname
+(``node-a``, ``node-b``), its own address on a veth pair to a bridge, its own ``/tmp``
+(a tmpfs: no view of the driver's working directory or temp files). The master, the
+MLflow server (proxied artifacts) and the driver stay in the host namespace, on the
+bridge's address. Addresses come from an RFC 5737 documentation range that no route of
+this machine uses; IP forwarding is left as it is (off), so nothing leaves the machine.
+
+Needs root (CI runs as root). ``MLFLOW_HVD_NO_NAMESPACES=1`` skips the cluster tests on
+machines that cannot create namespaces; CI never sets it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services import (
+    alive_workers,
+    spark_class,
+    start,
+    start_mlflow_server,
+    start_spark_master,
+    stop_group,
+    wait_until,
+)
+
+PREFIX = "mhvd"
+BRIDGE = f"{PREFIX}-br"
+NODES = ("node-a", "node-b")
+CANDIDATES = ("198.51.100.0/24", "203.0.113.0/24")
+STATE = Path("/var/tmp/mlflow-hvd-testcluster")  # outside every node's private /tmp
+OPT_OUT = "MLFLOW_HVD_NO_NAMESPACES"
+
+
+class ClusterUnavailable(RuntimeError):
+    """The machine cannot host the test cluster (not root, no namespaces, no free range)."""
+
+
+@dataclass
+class Cluster:
+    """A running test cluster. ``conf_dir`` holds a spark-defaults.conf naming its master."""
+
+    subnet: str
+    driver_ip: str
+    node_ips: dict[str, str]
+    master_url: str
+    master_ui: str
+    mlflow_url: str
+    artifact_root: Path
+    conf_dir: Path
+    state: Path
+    workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def namespace(self, node: str) -> str:
+        return f"{PREFIX}-{node}"
+
+    def driver_env(self, **extra: str) -> dict[str, str]:
+        """Environment of a driver process that should use this cluster and tracking server."""
+        env = dict(os.environ)
+        env.update(
+            SPARK_CONF_DIR=str(self.conf_dir),
+            MLFLOW_TRACKING_URI=self.mlflow_url,
+            PYSPARK_PYTHON=sys.executable,
+            PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+        )
+        env.update(extra)
+        return env
+
+    def run_in(self, node: str, *cmd: str) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd`` inside ``node``'s network and mount namespaces (its private /tmp)."""
+        pid = str(self.workers[node].pid)
+        return subprocess.run(["nsenter", "-t", pid, "-n", "-m", "-u", *cmd],
+                              capture_output=True, text=True, timeout=60)
+
+    def kill_node(self, node: str) -> None:
+        """A lost machine: every process in the node's namespace gets SIGKILL."""
+        _kill_namespace(self.namespace(node))
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+def choose_subnet() -> ipaddress.IPv4Network:
+    """The first documentation range that overlaps no route or address of this machine."""
+    used = []
+    lines = _ip("-4", "route").stdout.splitlines() + _ip("-4", "-o", "addr").stdout.splitlines()
+    for token in " ".join(lines).split():
+        if token[:1].isdigit():
+            with contextlib.suppress(ValueError):
+                used.append(ipaddress.ip_network(token, strict=False))
+    for candidate in map(ipaddress.ip_network, CANDIDATES):
+        if not any(candidate.overlaps(u) for u in used if u.prefixlen > 0):
+            return candidate  # type: ignore[return-value]
+    raise ClusterUnavailable(
+        f"every documentation range {CANDIDATES} overlaps a network of this machine "
+        f"({', '.join(map(str, used))}); refusing to start the test cluster"
+    )
+
+
+def _kill_namespace(ns: str) -> None:
+    pids = _ip("netns", "pids", ns, check=False).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        wait_until(lambda: not _ip("netns", "pids", ns, check=False).stdout.split(), 15,
+                   f"processes of namespace {ns} to die")
+
+
+def teardown_leftovers() -> None:
+    """Remove what a killed earlier run left: namespaces, bridge, daemons it recorded."""
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        ns = line.split()[0] if line.split() else ""
+        if ns.startswith(f"{PREFIX}-"):
+            _kill_namespace(ns)
+            _ip("netns", "del", ns, check=False)
+    _ip("link", "del", BRIDGE, check=False)
+    pids = STATE / "pids"
+    if pids.exists():
+        for pid in pids.read_text().split():
+            with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
+                os.killpg(int(pid), signal.SIGKILL)
+        pids.unlink()
+
+
+def _record(pid: int) -> None:
+    with open(STATE / "pids", "a") as f:
+        f.write(f"{pid}\n")
+
+
+def _network(subnet: ipaddress.IPv4Network) -> tuple[str, dict[str, str]]:
+    hosts = list(subnet.hosts())
+    driver_ip = str(hosts[0])
+    node_ips = {node: str(hosts[10 + i]) for i, node in enumerate(NODES)}
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("addr", "add", f"{driver_ip}/{subnet.prefixlen}", "dev", BRIDGE)
+    _ip("link", "set", BRIDGE, "up")
+    for i, node in enumerate(NODES):
+        ns, host_end, node_end = f"{PREFIX}-{node}", f"{PREFIX}-v{i}", f"{PREFIX}-p{i}"
+        _ip("netns", "add", ns)
+        _ip("link", "add", host_end, "type", "veth", "peer", "name", node_end)
+        _ip("link", "set", node_end, "netns", ns)
+        _ip("link", "set", host_end, "master", BRIDGE, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", ns, "link", "set", node_end, "name", "eth0")
+        _ip("-n", ns, "addr", "add", f"{node_ips[node]}/{subnet.prefixlen}", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+    return driver_ip, node_ips
+
+
+def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
+                  state: Path) -> subprocess.Popen[bytes]:
+    work = state / node / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    script = (
+        f"hostname {node} && mount --bind {hosts_file} /etc/hosts && "
+        "mount -t tmpfs -o size=2g tmpfs /tmp && "
+        f"exec {spark_class()} org.apache.spark.deploy.worker.Worker {master_url} "
+        f"--host {ip} --cores 2 --memory 3g --work-dir {work}"
+    )
+    cmd = ["ip", "netns", "exec", f"{PREFIX}-{node}", "unshare", "--uts", "--mount",
+           "sh", "-c", script]
+    return start(cmd, state / f"{node}.log")
+
+
+@contextlib.contextmanager
+def two_node_cluster() -> Iterator[Cluster]:
+    """Start the cluster; tear all of it down on every exit path."""
+    if os.geteuid() != 0:
+        raise ClusterUnavailable("the test cluster needs root (Linux namespaces)")
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        raise ClusterUnavailable("the test cluster needs 'ip' (iproute2) and 'unshare'")
+    STATE.mkdir(parents=True, exist_ok=True)
+    teardown_leftovers()
+    shutil.rmtree(STATE)
+    STATE.mkdir(parents=True)
+    subnet = choose_subnet()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        driver_ip, node_ips = _network(subnet)
+        hosts = STATE / "hosts"
+        hosts.write_text("127.0.0.1 localhost\n" + f"{driver_ip} driver\n"
+                         + "".join(f"{ip} {node}\n" for node, ip in node_ips.items()))
+        server, mlflow_url = start_mlflow_server(driver_ip, STATE / "mlflow")
+        procs.append(server)
+        _record(server.pid)
+        master, master_url, master_ui = start_spark_master(driver_ip, STATE)
+        procs.append(master)
+        _record(master.pid)
+        workers = {}
+        for node, ip in node_ips.items():
+            workers[node] = _start_worker(node, ip, master_url, hosts, STATE)
+            procs.append(workers[node])
+        wait_until(lambda: len(alive_workers(master_ui)) == len(NODES), 90,
+                   "both Spark workers registered with the master")
+        conf = STATE / "conf"
+        conf.mkdir(exist_ok=True)
+        (conf / "spark-defaults.conf").write_text(
+            f"spark.master {master_url}\n"
+            f"spark.driver.host {driver_ip}\n"
+            f"spark.driver.bindAddress {driver_ip}\n"
+            "spark.ui.enabled false\n"
+            "spark.executor.memory 1g\n"
+            "spark.executor.cores 2\n"
+            "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL 2\n"
+        )
+        yield Cluster(str(subnet), driver_ip, node_ips, master_url, master_ui, mlflow_url,
+                      STATE / "mlflow" / "artifacts", conf, STATE, workers)
+    finally:
+        for node in NODES:
+            _kill_namespace(f"{PREFIX}-{node}")
+        for proc in procs:
+            stop_group(proc, grace=5)
+        teardown_leftovers()

@@ -1,0 +1,132 @@
+"""Real services the tests start and stop: an MLflow server, a Spark standalone master and
+its workers (the pip package has no sbin/ scripts: ``bin/spark-class`` starts each daemon).
+
+Every wait polls a condition with a deadline; every process starts in its own session so
+that its whole tree can be ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str,
+               proc: subprocess.Popen[bytes] | None = None) -> Any:
+    """Poll ``condition`` until it returns a truthy value; fail naming ``what`` after
+    ``timeout`` seconds (or at once if ``proc`` exited)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = condition()
+        except OSError:
+            value = None
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:g}s")
+        time.sleep(0.25)
+
+
+def http_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=3) as r:
+        return json.loads(r.read())
+
+
+def http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=3) as r:
+        return bool(r.status == 200)
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM the process's session, then SIGKILL after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def start(cmd: Sequence[str], log: Path,
+          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def start_mlflow_server(host: str, root: Path, timeout: float = 90.0
+                        ) -> tuple[subprocess.Popen[bytes], str]:
+    """``mlflow server`` with a SQLite backend and proxied artifacts (``mlflow-artifacts:/``
+    locations: clients upload and download through the server, no shared disk)."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port(host)
+    proc = start(
+        [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root}/server.db",
+         "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
+         "--allowed-hosts", f"{host}:{port},{host},localhost:{port},localhost",
+         "--workers", "1"],
+        root / "server.log",
+    )
+    url = f"http://{host}:{port}"
+    try:
+        wait_until(lambda: http_ok(f"{url}/health"), timeout, f"mlflow server at {url}", proc)
+    except BaseException:
+        stop_group(proc)
+        raise
+    return proc, url
+
+
+def spark_class() -> str:
+    import pyspark
+
+    return os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+
+
+def start_spark_master(host: str, log_dir: Path, timeout: float = 60.0
+                       ) -> tuple[subprocess.Popen[bytes], str, str]:
+    """A standalone master bound to ``host``; returns (process, spark:// URL, web UI URL)."""
+    port, ui = free_port(host), free_port(host)
+    proc = start(
+        [spark_class(), "org.apache.spark.deploy.master.Master", "--host", host,
+         "--port", str(port), "--webui-port", str(ui)],
+        log_dir / "master.log",
+    )
+    ui_url = f"http://{host}:{ui}"
+    try:
+        wait_until(lambda: http_json(f"{ui_url}/json/"), timeout, "Spark master web UI", proc)
+    except BaseException:
+        stop_group(proc)
+        raise
+    return proc, f"spark://{host}:{port}", ui_url
+
+
+def alive_workers(ui_url: str) -> list[dict[str, Any]]:
+    return [w for w in http_json(f"{ui_url}/json/")["workers"] if w["state"] == "ALIVE"]
+
+
+def applications(ui_url: str) -> list[dict[str, Any]]:
+    state = http_json(f"{ui_url}/json/")
+    return list(state.get("activeapps", [])) + list(state.get("completedapps", []))

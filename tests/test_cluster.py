@@ -1,0 +1,169 @@
+"""End to end on a two-node Spark standalone cluster (see tests/cluster.py).
+
+Ranks run on ``node-a`` and ``node-b`` (own hostnames, addresses and /tmp); the driver,
+the master and an ``mlflow server`` with proxied artifacts are on the bridge address. Every
+driver is a subprocess whose only cluster settings are Spark's own (``SPARK_CONF_DIR`` with
+``spark-defaults.conf``) and ``MLFLOW_TRACKING_URI``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pytest
+from cluster import OPT_OUT, Cluster, ClusterUnavailable, two_node_cluster
+from conftest import REPO
+from services import applications
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    if os.environ.get(OPT_OUT) == "1":
+        pytest.skip(f"{OPT_OUT}=1: this machine opted out of the namespace cluster tests")
+    try:
+        with two_node_cluster() as c:
+            yield c
+    except ClusterUnavailable as exc:
+        pytest.fail(f"cannot start the two-node test cluster: {exc} (set {OPT_OUT}=1 only on "
+                    "machines that cannot create namespaces; CI must not)")
+
+
+@pytest.fixture()
+def client(cluster: Cluster) -> Iterator[Any]:
+    old = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(cluster.mlflow_url)
+    yield mlflow.MlflowClient()
+    mlflow.set_tracking_uri(old)
+
+
+def drive(cluster: Cluster, body: str, cwd: Path, timeout: float = 300, **env: str) -> Any:
+    """Run a driver program; returns what it printed after ``RESULT`` (JSON), or the
+    error it raised as ``{"error": type, "message": ...}``."""
+    script = "\n".join([
+        "import json, sys",
+        f"sys.path.insert(0, {str(TESTS)!r})",
+        "import workers",
+        "from mlflow_hvd import HorovodRunner",
+        "try:",
+        textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),
+        "except Exception as exc:",
+        "    print('RESULT ' + json.dumps({'error': type(exc).__name__, 'message': str(exc)}))",
+        "else:",
+        "    print('RESULT ' + json.dumps(result))",
+    ])
+    proc = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=cluster.driver_env(**env),
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"driver printed no result (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_four_ranks_on_two_hosts_get_horovodrun_s_layout(cluster: Cluster, client: Any,
+                                                         tmp_path: Path) -> None:
+    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+
+    out = drive(cluster, """
+        runner = HorovodRunner(np=4)
+        result = {"ranks": runner.run(workers.layout_everywhere), "run_id": runner.last_run_id}
+    """, tmp_path)
+    ranks = out["ranks"]
+    expected = get_host_assignments([HostInfo("node-a", 2), HostInfo("node-b", 2)], 4)
+    got = sorted((r["hostname"], r["rank"], r["local_rank"], r["cross_rank"], r["local_size"],
+                  r["cross_size"]) for r in ranks)
+    # which physical node hosts task 0 is Spark's choice: compare up to renaming the nodes
+    first = ranks[0]["hostname"]
+    rename = {first: "node-a", ({"node-a", "node-b"} - {first}).pop(): "node-b"}
+    assert sorted((rename[h], *rest) for h, *rest in got) == sorted(
+        (s.hostname, s.rank, s.local_rank, s.cross_rank, s.local_size, s.cross_size)
+        for s in expected
+    )
+    assert {r["hostname"] for r in ranks} == {"node-a", "node-b"}
+    assert {r["sum"] for r in ranks} == {10.0}  # 1+2+3+4 across both hosts
+    assert {r["gloo_iface"] for r in ranks} == {"eth0"}  # found without being told
+    run = client.get_run(out["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_hvd.spark_master"] == cluster.master_url
+    assert any(app["name"] == "mlflow_hvd" for app in applications(cluster.master_ui))
+
+
+def test_np_larger_than_the_cluster_fails_at_once(cluster: Cluster, client: Any,
+                                                  tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    out = drive(cluster, """
+        result = HorovodRunner(np=5, slot_timeout=10).run(workers.collectives)
+    """, tmp_path)
+    assert time.monotonic() - t0 < 90
+    assert out["error"] == "InsufficientSlotsError"
+    assert out["message"].startswith(
+        f"np=5 needs 5 concurrent barrier task slots but the Spark cluster (master "
+        f"{cluster.master_url}) offers 4"
+    )
+
+
+def test_executors_that_cannot_reach_the_driver_fail_within_the_start_deadline(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # the driver binds its own address but tells executors an address nobody has
+    t0 = time.monotonic()
+    out = drive(cluster, """
+        from pyspark.sql import SparkSession
+        spark = (SparkSession.builder.config("spark.driver.host", "198.51.100.250")
+                 .getOrCreate())
+        result = HorovodRunner(np=2, track=False, start_timeout=30).run(workers.collectives)
+    """, tmp_path, timeout=400)
+    elapsed = time.monotonic() - t0
+    assert out.get("error") in {"StartTimeoutError", "InsufficientSlotsError", "BackendError"}, out
+    assert elapsed < 300, elapsed
+
+
+def test_mlflow_run_on_the_cluster_stores_everything_through_the_server(
+    cluster: Cluster, client: Any, tmp_path: Path
+) -> None:
+    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local",
+           "-P", "np=4", "-P", "epochs=2"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=cluster.driver_env(), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (run,) = client.search_runs([client.get_experiment_by_name("Default").experiment_id],
+                                filter_string="params.epochs = '2' and params.np = '4'")
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_hvd.spark_master"] == cluster.master_url
+    assert run.info.artifact_uri.startswith("mlflow-artifacts:")
+    assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == [0, 1]
+    ckpts = [a.path for a in client.list_artifacts(run_id, "checkpoints")]
+    assert ckpts == ["checkpoints/epoch_0", "checkpoints/epoch_1"]
+    # on the server's disk ...
+    stored = {p.name for p in cluster.artifact_root.rglob("*") if p.is_file()}
+    assert {"checkpoint.keras", "checkpoint_metrics.json", "MLmodel"} <= stored
+    # ... and on no worker's (their /tmp is private; the work dirs hold no model)
+    for node in cluster.node_ips:
+        found = cluster.run_in(node, "find", "/tmp", str(cluster.state / node), "-name",
+                               "*.keras", "-o", "-name", "MLmodel")
+        assert found.returncode == 0, found.stderr
+        assert found.stdout.strip() == "", (node, found.stdout)
+    (model_out,) = run.outputs.model_outputs
+    load = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, mlflow, numpy as np\n"
+         f"sys.path.insert(0, {str(REPO / 'examples')!r})\n"
+         "import digits_keras\n"
+         f"m = mlflow.pyfunc.load_model('models:/{model_out.model_id}')\n"
+         "_, _, x, y = digits_keras.load_data()\n"
+         "print('ACC', float((np.asarray(m.predict(x)).argmax(1) == y).mean()))\n"],
+        cwd=tmp_path, env=cluster.driver_env(), capture_output=True, text=True, timeout=300)
+    assert load.returncode == 0, load.stderr[-3000:]
+    accuracy = float(load.stdout.split("ACC")[-1])
+    assert accuracy > 0.5, accuracy

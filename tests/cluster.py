@@ -86,6 +86,13 @@ class Cluster:
         """A lost machine: every process in the node's namespace gets SIGKILL."""
         _kill_namespace(self.namespace(node))
 
+    def restart_node(self, node: str) -> None:
+        """Bring a killed node's worker back and wait until the master counts it alive."""
+        self.workers[node] = _start_worker(node, self.node_ips[node], self.master_url,
+                                           self.state / "hosts", self.state)
+        wait_until(lambda: len(alive_workers(self.master_ui)) == len(NODES), 90,
+                   f"the worker on {node} registered again")
+
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)

@@ -167,3 +167,142 @@ def test_mlflow_run_on_the_cluster_stores_everything_through_the_server(
     assert load.returncode == 0, load.stderr[-3000:]
     accuracy = float(load.stdout.split("ACC")[-1])
     assert accuracy > 0.5, accuracy
+
+
+class Driver:
+    """A driver subprocess whose output is read as it comes (to act mid-job)."""
+
+    def __init__(self, cluster: Cluster, body: str, cwd: Path, **env: str) -> None:
+        script = "\n".join([
+            "import json, sys",
+            f"sys.path.insert(0, {str(TESTS)!r})",
+            "import workers",
+            "from mlflow_hvd import HorovodRunner",
+            "runner = HorovodRunner(np=4, stop_grace=2)",
+            "try:",
+            textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),
+            "except Exception as exc:",
+            "    print('RESULT ' + json.dumps({'error': type(exc).__name__, 'message': str(exc),",
+            "                                 'run_id': runner.last_run_id}), flush=True)",
+        ])
+        self.proc = subprocess.Popen([sys.executable, "-c", script], cwd=cwd,
+                                     env=cluster.driver_env(**env), stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
+
+    def wait_for_line(self, needle: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            if needle in line:
+                return
+        raise AssertionError(f"driver never printed {needle!r}; got {self.lines[-20:]}")
+
+    def result(self, timeout: float) -> Any:
+        out, _ = self.proc.communicate(timeout=timeout)
+        self.lines += out.splitlines()
+        found = [ln for ln in self.lines if ln.startswith("RESULT ")]
+        assert found, f"no result; exit {self.proc.returncode}; output {self.lines[-20:]}"
+        return json.loads(found[-1][len("RESULT "):])
+
+
+def _no_rank_left(cluster: Cluster) -> None:
+    for node in cluster.node_ips:
+        ps = cluster.run_in(node, "pgrep", "-f", "mlflow_hvd.rank.worker")
+        assert ps.stdout.strip() == "", (node, ps.stdout)
+
+
+def test_a_worker_node_lost_mid_job_fails_the_run_clearly(cluster: Cluster, client: Any,
+                                                          tmp_path: Path) -> None:
+    driver = Driver(cluster, "runner.run(workers.sleep_after_init)", tmp_path)
+    for _ in range(4):  # every rank joined the job
+        driver.wait_for_line(" up", 240)
+    t0 = time.monotonic()
+    cluster.kill_node("node-b")
+    try:
+        out = driver.result(timeout=180)
+        elapsed = time.monotonic() - t0
+    finally:
+        cluster.restart_node("node-b")
+    assert elapsed < 120, elapsed
+    assert out["error"] in {"WorkerFailedError", "BackendError"}, out
+    assert "on node-b" in out["message"], out["message"]
+    assert client.get_run(out["run_id"]).info.status == "FAILED"
+    assert not [a for a in applications(cluster.master_ui) if a.get("state") == "RUNNING"]
+    _no_rank_left(cluster)
+
+
+def test_executors_that_cannot_reach_the_tracking_server_fail_before_training(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    from services import start_mlflow_server, stop_group
+
+    # reachable from the driver's namespace only: loopback
+    server, url = start_mlflow_server("127.0.0.1", tmp_path / "loopback-server")
+    try:
+        t0 = time.monotonic()
+        out = drive(cluster, "result = HorovodRunner(np=2).run(workers.collectives)", tmp_path,
+                    MLFLOW_TRACKING_URI=url)
+        elapsed = time.monotonic() - t0
+        old = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(url)
+        try:
+            (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+        finally:
+            mlflow.set_tracking_uri(old)
+    finally:
+        stop_group(server)
+    assert elapsed < 150, elapsed
+    assert out["error"] == "WorkerFailedError", out
+    assert f"cannot reach the MLflow tracking server {url} within 10s" in out["message"]
+    assert out["message"].startswith("Rank 0 on host node-")
+    assert run.info.status == "FAILED"
+
+
+def test_a_rank_killed_on_node_b_and_the_run_resumed(cluster: Cluster, client: Any,
+                                                     tmp_path: Path) -> None:
+    run = client.create_run(client.get_experiment_by_name("Default").experiment_id)
+    run_id = run.info.run_id
+    body = f"""
+        sys.path.insert(0, {str(REPO / 'examples')!r})
+        import digits_keras
+        runner.run(digits_keras.train, epochs=4, log_model=False)
+        print('RESULT ' + json.dumps({{'ok': True}}), flush=True)
+    """
+    driver = Driver(cluster, body, tmp_path, MLFLOW_RUN_ID=run_id)
+    driver.wait_for_line("<log>: epoch 2/4", 400)  # epoch index 1 checkpointed
+    kill = cluster.run_in("node-b", "pkill", "-9", "-o", "-f", "mlflow_hvd.rank.worker")
+    assert kill.returncode == 0, kill.stderr
+    out = driver.result(timeout=180)
+    assert out["error"] == "WorkerFailedError", out
+    assert "on host node-b failed (killed by signal SIGKILL) [root cause]" in out["message"]
+    assert client.get_run(run_id).info.status == "FAILED"
+    done = client.get_metric_history(run_id, "loss")
+    assert len(done) >= 2
+
+    resumed = Driver(cluster, body, tmp_path, MLFLOW_RUN_ID=run_id)
+    assert resumed.result(timeout=600) == {"ok": True}
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_hvd.resumed_from"].startswith(f"{run_id}@epoch_")
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1, 2, 3]
+
+
+def test_a_two_trial_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "-e", "sweep", "--env-manager",
+           "local", "-P", "max_evals=2", "-P", "np=4", "-P", "epochs=1"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=cluster.driver_env(), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    exp = client.get_experiment_by_name("Default").experiment_id
+    (parent,) = client.search_runs([exp], filter_string="tags.`mlflow_hvd.sweep.role` = 'parent'")
+    children = client.search_runs(
+        [exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert parent.info.status == "FINISHED"
+    assert sorted(c.info.status for c in children) == ["FINISHED", "FINISHED"]
+    assert {c.data.tags["mlflow_hvd.spark_master"] for c in children} == {cluster.master_url}
+    assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] in {c.info.run_id for c in children}

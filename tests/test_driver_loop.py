@@ -239,6 +239,38 @@ def test_backend_failure_is_reported() -> None:
         _run(script)
 
 
+def test_backend_failure_names_the_ranks_and_hosts_that_went_silent() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        for rank, host in ((0, "node-a"), (1, "node-a"), (2, "node-b"), (3, "node-b")):
+            sink(WorkerStarted(rank, host))
+        sink(WorkerExited(1, "node-a", 0, 1.0))
+        sink(BackendFinished("Job aborted due to stage failure: worker lost"))
+
+    with pytest.raises(BackendError) as info:
+        _run(script, np=4)
+    assert str(info.value) == (
+        "the fake backend failed before all ranks finished (1 of 4 exited; no exit report "
+        "from ranks 0 on node-a; 2, 3 on node-b): Job aborted due to stage failure: worker lost"
+    )
+
+
+def test_spark_errors_are_summarised_to_their_cause() -> None:
+    from mlflow_hvd.backends.spark.backend import summarize_spark_error
+
+    java = RuntimeError(
+        "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collect.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not "
+        "recover from a failed barrier ResultStage. (ExecutorLostFailure: worker lost)\n"
+        "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages"
+    )
+    assert summarize_spark_error(java) == (
+        "Job aborted due to stage failure: Could not recover from a failed barrier "
+        "ResultStage. (ExecutorLostFailure: worker lost)"
+    )
+    assert summarize_spark_error(RuntimeError("x\n  ValueError: boom\n")) == "ValueError: boom"
+    assert summarize_spark_error(RuntimeError("just this")) == "RuntimeError: just this"
+
+
 def test_all_exit_zero_without_result_is_an_error() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
         for r in (0, 1):

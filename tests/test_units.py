@@ -177,3 +177,23 @@ def test_no_interface_holding_the_route_source_is_a_configuration_error(
     )
 
 
+
+
+def test_rank_0_refuses_a_tracking_server_it_cannot_reach() -> None:
+    from mlflow_hvd.errors import TrackingError
+    from mlflow_hvd.tracking.rank_logger import check_server_reachable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(TrackingError) as info:
+        check_server_reachable(f"http://127.0.0.1:{port}", "node-a", timeout=1.0)
+    assert str(info.value).startswith(
+        f"rank 0 on host node-a cannot reach the MLflow tracking server http://127.0.0.1:{port} "
+        "within 1s: "
+    )
+    assert str(info.value).endswith(
+        "Executors must reach MLFLOW_TRACKING_URI: use an address of the server that every "
+        "node can connect to (not localhost), and open its port"
+    )
+    check_server_reachable("sqlite:///x.db", "node-a")  # not a server: nothing to check

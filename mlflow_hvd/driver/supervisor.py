@@ -111,6 +111,18 @@ class JobRecord:
             e.exit_code != 0 and not e.stopped for e in self.exited.values()
         )
 
+    def describe_missing(self) -> str:
+        """``; no exit report from ranks 2, 3 on node-b`` for ranks that started but never
+        reported their exit, grouped by host (empty when there are none)."""
+        by_host: dict[str, list[int]] = {}
+        for rank, host in sorted(self.started.items()):
+            if rank not in self.exited:
+                by_host.setdefault(host, []).append(rank)
+        if not by_host:
+            return ""
+        groups = [f"{', '.join(map(str, ranks))} on {host}" for host, ranks in by_host.items()]
+        return "; no exit report from ranks " + "; ".join(groups)
+
     def erring_not_exited(self) -> bool:
         return bool(set(self.errors) - set(self.exited))
 
@@ -222,7 +234,7 @@ def _check_running(
     if finished.error:
         raise BackendError(
             f"the {backend.name} backend failed before all ranks finished "
-            f"({len(job.exited)} of {np} exited): {finished.error}"
+            f"({len(job.exited)} of {np} exited{job.describe_missing()}): {finished.error}"
         )
     if now > job.backend_finished_at + settings.report_grace:
         missing = sorted(set(range(np)) - set(job.exited))

@@ -20,8 +20,10 @@ import json
 import os
 import queue
 import tempfile
+import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +32,7 @@ from mlflow_hvd.messages import TrackingTarget
 
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
 _FLUSH_INTERVAL = 2.0  # seconds between background sends; flush() sends at once
+SERVER_CONNECT_TIMEOUT = 10.0  # seconds rank 0 gives the tracking server to accept
 
 
 class _AsyncLogger:
@@ -136,12 +139,36 @@ _monitor: Any = None
 
 
 def configure(target: TrackingTarget | None, rank: int, local_rank: int, host: str) -> None:
-    """Called by the worker entry point before the user's function (not for user code)."""
+    """Called by the worker entry point before the user's function (not for user code).
+
+    Raises:
+        TrackingError: On rank 0, a tracking server that does not accept connections from
+            this host (checked before training, not after it).
+    """
     global _target, _rank, _logger, _monitor
+    if target is not None and rank == 0:
+        check_server_reachable(target.tracking_uri, host)
     with _lock:
         _target, _rank, _logger = target, rank, None
         if target is not None and target.system_metrics and local_rank == 0:
             _monitor = _start_system_metrics(target, host)
+
+
+def check_server_reachable(uri: str, host: str, timeout: float = SERVER_CONNECT_TIMEOUT) -> None:
+    """Fail fast when an HTTP tracking server cannot be reached from this host (MLflow's
+    own client would retry with backoff for minutes)."""
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        raise TrackingError(
+            f"rank 0 on host {host} cannot reach the MLflow tracking server {uri} within "
+            f"{timeout:g}s: {exc}. Executors must reach MLFLOW_TRACKING_URI: use an address "
+            "of the server that every node can connect to (not localhost), and open its port"
+        ) from exc
 
 
 def shutdown(timeout: float = 120.0) -> None:

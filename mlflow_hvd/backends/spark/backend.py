@@ -88,5 +88,9 @@ def summarize_spark_error(exc: BaseException) -> str:
     ]
     if python_errors:
         return python_errors[-1]
+    for line in text.splitlines():  # why Spark gave up, e.g. a lost executor or worker
+        at = line.find("Job aborted due to stage failure:")
+        if at >= 0:
+            return line[at:].strip()[:1000]
     first = text.strip().splitlines()[0] if text.strip() else ""
     return f"{type(exc).__name__}: {first}"

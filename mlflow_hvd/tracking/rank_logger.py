@@ -19,8 +19,8 @@ import contextlib
 import json
 import os
 import queue
-import tempfile
 import socket
+import tempfile
 import threading
 import time
 import urllib.parse

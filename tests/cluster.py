@@ -36,6 +36,9 @@ from services import (
 
 PREFIX = "mhvd"
 BRIDGE = f"{PREFIX}-br"
+# Each node's interface carries the bridge's name: tools that match interfaces by name
+# across driver and tasks (horovod.spark.run's NIC discovery) then find one that routes.
+NODE_IFACE = BRIDGE
 NODES = ("node-a", "node-b")
 CANDIDATES = ("198.51.100.0/24", "203.0.113.0/24")
 STATE = Path("/var/tmp/mlflow-hvd-testcluster")  # outside every node's private /tmp
@@ -160,9 +163,9 @@ def _network(subnet: ipaddress.IPv4Network) -> tuple[str, dict[str, str]]:
         _ip("link", "set", node_end, "netns", ns)
         _ip("link", "set", host_end, "master", BRIDGE, "up")
         _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", ns, "link", "set", node_end, "name", "eth0")
-        _ip("-n", ns, "addr", "add", f"{node_ips[node]}/{subnet.prefixlen}", "dev", "eth0")
-        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "link", "set", node_end, "name", NODE_IFACE)
+        _ip("-n", ns, "addr", "add", f"{node_ips[node]}/{subnet.prefixlen}", "dev", NODE_IFACE)
+        _ip("-n", ns, "link", "set", NODE_IFACE, "up")
     return driver_ip, node_ips
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import mlflow
 import pytest
-from cluster import OPT_OUT, Cluster, ClusterUnavailable, two_node_cluster
+from cluster import NODE_IFACE, OPT_OUT, Cluster, ClusterUnavailable, two_node_cluster
 from conftest import REPO
 from services import applications
 
@@ -91,7 +91,7 @@ def test_four_ranks_on_two_hosts_get_horovodrun_s_layout(cluster: Cluster, clien
     )
     assert {r["hostname"] for r in ranks} == {"node-a", "node-b"}
     assert {r["sum"] for r in ranks} == {10.0}  # 1+2+3+4 across both hosts
-    assert {r["gloo_iface"] for r in ranks} == {"eth0"}  # found without being told
+    assert {r["gloo_iface"] for r in ranks} == {NODE_IFACE}  # found without being told
     run = client.get_run(out["run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow_hvd.spark_master"] == cluster.master_url

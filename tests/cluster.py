@@ -169,18 +169,31 @@ def _network(subnet: ipaddress.IPv4Network) -> tuple[str, dict[str, str]]:
     return driver_ip, node_ips
 
 
+def _kept_under_tmp() -> list[Path]:
+    """What must stay visible inside a node whose /tmp is private: the project and the
+    Python environment (the "same image" on every node), when they live under /tmp."""
+    paths = {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve()}
+    return sorted(p for p in paths if p.is_relative_to("/tmp"))
+
+
 def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
                   state: Path) -> subprocess.Popen[bytes]:
     work = state / node / "work"
     work.mkdir(parents=True, exist_ok=True)
+    host_tmp = state / node / "host-tmp"  # a handle on the real /tmp, inside the node only
+    host_tmp.mkdir(parents=True, exist_ok=True)
+    keep = "".join(
+        f"mkdir -p {p} && mount --bind {host_tmp / p.relative_to('/tmp')} {p} && "
+        for p in _kept_under_tmp()
+    )
     script = (
         f"hostname {node} && mount --bind {hosts_file} /etc/hosts && "
-        "mount -t tmpfs -o size=2g tmpfs /tmp && "
+        f"mount --bind /tmp {host_tmp} && mount -t tmpfs -o size=2g tmpfs /tmp && {keep}"
         f"exec {spark_class()} org.apache.spark.deploy.worker.Worker {master_url} "
         f"--host {ip} --cores 2 --memory 3g --work-dir {work}"
     )
     cmd = ["ip", "netns", "exec", f"{PREFIX}-{node}", "unshare", "--uts", "--mount",
-           "sh", "-c", script]
+           "--propagation", "private", "sh", "-c", script]
     return start(cmd, state / f"{node}.log")
 
 

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from services import (
     alive_workers,
@@ -136,17 +137,30 @@ def teardown_leftovers() -> None:
             _kill_namespace(ns)
             _ip("netns", "del", ns, check=False)
     _ip("link", "del", BRIDGE, check=False)
-    pids = STATE / "pids"
-    if pids.exists():
-        for pid in pids.read_text().split():
-            with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
-                os.killpg(int(pid), signal.SIGKILL)
-        pids.unlink()
+    for proc in _leftover_daemons():
+        with contextlib.suppress(Exception):
+            proc.kill()
 
 
-def _record(pid: int) -> None:
-    with open(STATE / "pids", "a") as f:
-        f.write(f"{pid}\n")
+def _leftover_daemons() -> list[Any]:
+    """This cluster's master and MLflow server from an earlier, killed run: recognised by
+    their command lines (the state directory, or a master bound in a test range), never
+    by a recorded pid that may have been reused."""
+    import psutil
+
+    found = []
+    ranges = [ipaddress.ip_network(c) for c in CANDIDATES]
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        text = " ".join(cmd)
+        if str(STATE) in text and "mlflow" in text:
+            found.append(proc)
+        elif "org.apache.spark.deploy.master.Master" in cmd and "--host" in cmd:
+            host = cmd[cmd.index("--host") + 1] if cmd.index("--host") + 1 < len(cmd) else ""
+            with contextlib.suppress(ValueError):
+                if any(ipaddress.ip_address(host) in r for r in ranges):
+                    found.append(proc)
+    return found
 
 
 def _network(subnet: ipaddress.IPv4Network) -> tuple[str, dict[str, str]]:
@@ -180,21 +194,45 @@ def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
                   state: Path) -> subprocess.Popen[bytes]:
     work = state / node / "work"
     work.mkdir(parents=True, exist_ok=True)
-    host_tmp = state / node / "host-tmp"  # a handle on the real /tmp, inside the node only
-    host_tmp.mkdir(parents=True, exist_ok=True)
-    keep = "".join(
-        f"mkdir -p {p} && mount --bind {host_tmp / p.relative_to('/tmp')} {p} && "
-        for p in _kept_under_tmp()
+    # Inside the node's own mount namespace only: the kept paths are bound onto a fresh
+    # tmpfs first, /tmp is replaced by an empty tmpfs, and the kept paths are bound back.
+    # Nothing of the host's /tmp is ever mounted under a host-visible directory.
+    stage = f"/run/{PREFIX}-{node}-keep"
+    keep_in = "".join(
+        f"mkdir -p {stage}/{i} && mount --bind {p} {stage}/{i} && "
+        for i, p in enumerate(_kept_under_tmp())
+    )
+    keep_out = "".join(
+        f"mkdir -p {p} && mount --bind {stage}/{i} {p} && "
+        for i, p in enumerate(_kept_under_tmp())
     )
     script = (
         f"hostname {node} && mount --bind {hosts_file} /etc/hosts && "
-        f"mount --bind /tmp {host_tmp} && mount -t tmpfs -o size=2g tmpfs /tmp && {keep}"
+        f"mkdir -p {stage} && mount -t tmpfs -o size=1m tmpfs {stage} && {keep_in}"
+        f"mount -t tmpfs -o size=2g tmpfs /tmp && {keep_out}"
         f"exec {spark_class()} org.apache.spark.deploy.worker.Worker {master_url} "
         f"--host {ip} --cores 2 --memory 3g --work-dir {work}"
     )
     cmd = ["ip", "netns", "exec", f"{PREFIX}-{node}", "unshare", "--uts", "--mount",
            "--propagation", "private", "sh", "-c", script]
     return start(cmd, state / f"{node}.log")
+
+
+def _remove_state() -> None:
+    """Empty the state directory without ever descending into a mount point."""
+    def remove(path: Path) -> None:
+        if os.path.ismount(path):
+            raise ClusterUnavailable(f"{path} is a mount point: unmount it before a new run")
+        if path.is_dir() and not path.is_symlink():
+            for child in path.iterdir():
+                remove(child)
+            path.rmdir()
+        else:
+            path.unlink()
+
+    if STATE.exists():
+        for child in STATE.iterdir():
+            remove(child)
 
 
 @contextlib.contextmanager
@@ -206,8 +244,7 @@ def two_node_cluster() -> Iterator[Cluster]:
         raise ClusterUnavailable("the test cluster needs 'ip' (iproute2) and 'unshare'")
     STATE.mkdir(parents=True, exist_ok=True)
     teardown_leftovers()
-    shutil.rmtree(STATE)
-    STATE.mkdir(parents=True)
+    _remove_state()
     subnet = choose_subnet()
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -217,10 +254,8 @@ def two_node_cluster() -> Iterator[Cluster]:
                          + "".join(f"{ip} {node}\n" for node, ip in node_ips.items()))
         server, mlflow_url = start_mlflow_server(driver_ip, STATE / "mlflow")
         procs.append(server)
-        _record(server.pid)
         master, master_url, master_ui = start_spark_master(driver_ip, STATE)
         procs.append(master)
-        _record(master.pid)
         workers = {}
         for node, ip in node_ips.items():
             workers[node] = _start_worker(node, ip, master_url, hosts, STATE)

@@ -86,6 +86,18 @@ class Cluster:
         return subprocess.run(["nsenter", "-t", pid, "-n", "-m", "-u", *cmd],
                               capture_output=True, text=True, timeout=60)
 
+    def rank_pids(self, node: str) -> list[int]:
+        """Pids of mlflow_hvd rank processes inside ``node`` (by its network namespace: a
+        plain pgrep would see every node's processes, PIDs are not namespaced here)."""
+        import psutil
+
+        found = []
+        for pid in _ip("netns", "pids", self.namespace(node), check=False).stdout.split():
+            with contextlib.suppress(psutil.Error, ValueError):
+                if "mlflow_hvd.rank.worker" in psutil.Process(int(pid)).cmdline():
+                    found.append(int(pid))
+        return sorted(found)
+
     def kill_node(self, node: str) -> None:
         """A lost machine: every process in the node's namespace gets SIGKILL."""
         _kill_namespace(self.namespace(node))

@@ -51,6 +51,14 @@ class TrackingError(MlflowHvdError):
     """Logging to the driver's MLflow run failed."""
 
 
+class Terminated(KeyboardInterrupt):
+    """The driver received SIGTERM (a scheduler, ``kill`` or a container stop).
+
+    A :class:`KeyboardInterrupt`, so that it unwinds the driver exactly like Ctrl-C: the
+    job is stopped, the Spark job group cancelled and the MLflow run ended KILLED.
+    """
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """What is known about one failed rank.

@@ -12,6 +12,7 @@ from mlflow_hvd.backends.local import LocalBackend
 from mlflow_hvd.backends.spark.master import standalone_addresses
 from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
 from mlflow_hvd.driver.payload import dumps_payload
+from mlflow_hvd.driver.signals import sigterm_interrupts
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.messages import TrackingTarget
 from mlflow_hvd.options import check_np, check_positive_int, check_seconds
@@ -47,6 +48,13 @@ class HorovodRunner:
             status FINISHED, FAILED or KILLED. Rank 0 logs into it through
             :mod:`mlflow_hvd.tracking`. ``False``: no MLflow at all.
         log_system_metrics: Also log MLflow system metrics, once per node.
+        tracking_timeout: Seconds the driver waits for the tracking server when it ends the
+            run (status, failure tags). Past it, ``run`` returns or raises the job's own
+            outcome with a warning naming what was not recorded.
+
+    SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
+    stopped, the Spark job group cancelled, the run ended KILLED, and
+    :class:`~mlflow_hvd.errors.Terminated` (a ``KeyboardInterrupt``) raised.
     """
 
     def __init__(
@@ -64,6 +72,7 @@ class HorovodRunner:
         max_line_bytes: int = 16384,
         track: bool = True,
         log_system_metrics: bool = False,
+        tracking_timeout: float = 30.0,
     ) -> None:
         self.num_processor = check_np(np)
         try:
@@ -93,6 +102,7 @@ class HorovodRunner:
         self._spark_master = spark_master
         self._track = bool(track)
         self._system_metrics = bool(log_system_metrics)
+        self._tracking_timeout = check_seconds("tracking_timeout", tracking_timeout)
         self.last_job_id: str | None = None
         self.last_run_id: str | None = None
         """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
@@ -118,14 +128,20 @@ class HorovodRunner:
         if not callable(main):
             raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
         dumps_payload(main, kwargs)  # fail on unpicklable input before touching MLflow
-        backend, driver_host = self._backend()
-        if not self._track:
-            return self._launch(main, kwargs, backend, driver_host, None)
-        from mlflow_hvd.tracking.driver_run import driver_run
+        with sigterm_interrupts():
+            backend, driver_host = self._backend()
+            if not self._track:
+                return self._launch(main, kwargs, backend, driver_host, None)
+            from mlflow_hvd.tracking.driver_run import driver_run
 
-        with driver_run(self.num_processor, backend.describe(), self._system_metrics) as target:
-            self.last_run_id = target.run_id
-            return self._launch(main, kwargs, backend, driver_host, target)
+            with driver_run(
+                self.num_processor,
+                backend.describe(),
+                self._system_metrics,
+                self._tracking_timeout,
+            ) as target:
+                self.last_run_id = target.run_id
+                return self._launch(main, kwargs, backend, driver_host, target)
 
     def _launch(
         self,
@@ -162,5 +178,3 @@ class HorovodRunner:
 
 def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
-
-

@@ -76,12 +76,14 @@ def start(cmd: Sequence[str], log: Path,
                                 start_new_session=True)
 
 
-def start_mlflow_server(host: str, root: Path, timeout: float = 90.0
+def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int | None = None
                         ) -> tuple[subprocess.Popen[bytes], str]:
     """``mlflow server`` with a SQLite backend and proxied artifacts (``mlflow-artifacts:/``
-    locations: clients upload and download through the server, no shared disk)."""
+    locations: clients upload and download through the server, no shared disk).
+
+    ``port``: reuse a port (a server restarted on the same store), default a free one."""
     root.mkdir(parents=True, exist_ok=True)
-    port = free_port(host)
+    port = port or free_port(host)
     proc = start(
         [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port),
          "--backend-store-uri", f"sqlite:///{root}/server.db",

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import mlflow
 import pytest
 import workers
-from conftest import assert_no_workers_left
 from services import start_mlflow_server, stop_group
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
@@ -102,42 +97,6 @@ def test_param_changed_value_is_refused_clearly(store: str) -> None:
         "ConfigurationError: param 'lr' was already logged as '0.1'; MLflow refuses to change "
         "it to '0.2'. Log changing values as metrics or tags instead"
     )
-
-
-def test_ctrl_c_on_the_driver_marks_the_run_killed(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    script = tmp_path / "driver.py"
-    script.write_text(
-        "import sys, mlflow\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import workers\n"
-        "from mlflow_hvd import HorovodRunner\n"
-        f"mlflow.set_tracking_uri({uri!r})\n"
-        "r = HorovodRunner(np=-2)\n"
-        "try:\n"
-        "    r.run(workers.sleep_forever)\n"
-        "except KeyboardInterrupt:\n"
-        "    print('interrupted', r.last_run_id, flush=True)\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 120
-    seen = 0
-    while seen < 2:  # both ranks are up
-        line = proc.stdout.readline()
-        assert line and time.monotonic() < deadline, "driver ended before the ranks started"
-        seen += "<log>: ready" in line
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0
-    run_id = out.split("interrupted ")[1].split()[0]
-    mlflow.set_tracking_uri(uri)
-    run = mlflow.MlflowClient().get_run(run_id)
-    assert run.info.status == "KILLED"
-    assert run.data.tags["mlflow_hvd.status_reason"] == "interrupted by the user"
-    assert_no_workers_left()
 
 
 @pytest.fixture(scope="module")

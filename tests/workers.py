@@ -260,3 +260,19 @@ def sleep_after_init(seconds: float = 600.0) -> None:
 
     mlflow_hvd.log_to_driver(f"rank {hvd.rank()} up")
     time.sleep(seconds)
+
+
+def kill_group_then_return(pgid: int, value: Any = "done") -> Any:
+    """Rank 0 SIGKILLs a process group (e.g. the MLflow server) and returns ``value``."""
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    if hvd.rank() == 0:
+        os.killpg(pgid, signal.SIGKILL)
+    return value
+
+
+def kill_group_then_raise(pgid: int) -> None:
+    """Rank 0 SIGKILLs a process group (e.g. the MLflow server), then raises."""
+    kill_group_then_return(pgid)
+    raise RuntimeError("the job's own error")

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.errors import ConfigurationError, Terminated
 
 DEFAULT_TRAIN = "examples/digits_keras.py:train"
 DEFAULT_STORE = "sqlite:///mlflow.db"
@@ -72,3 +72,16 @@ def prepare_environment() -> None:
     """Quiet TensorFlow's C++ logs; Spark executors use this interpreter (the project's)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def exit_status(main: Callable[[], int]) -> int:
+    """``main()``'s status; a job ended by SIGTERM exits 143 and by Ctrl-C 130, as a
+    shell reports a process killed by those signals (the run is already marked KILLED)."""
+    try:
+        return main()
+    except Terminated as exc:
+        print(f"stopped: {exc}; the MLflow run was ended KILLED", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print("interrupted; the MLflow run was ended KILLED", file=sys.stderr)
+        return 130

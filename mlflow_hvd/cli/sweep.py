@@ -17,6 +17,7 @@ import sys
 
 from mlflow_hvd.cli.common import (
     DEFAULT_TRAIN,
+    exit_status,
     load_function,
     prepare_environment,
     use_default_store,
@@ -36,19 +37,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-evals", type=whole_number, default=8)
     p.add_argument("--np", type=whole_number, default=2)
     p.add_argument("--epochs", type=whole_number, default=3)
-    p.add_argument("--space", default="default",
-                   help="JSON file with the search space, or 'default'")
+    p.add_argument(
+        "--space", default="default", help="JSON file with the search space, or 'default'"
+    )
     p.add_argument("--metric", default="val_loss")
     p.add_argument("--seed", type=whole_number, default=0)
-    p.add_argument("--early-stop-rounds", type=whole_number, default=0,
-                   help="stop after N trials without a new best (0: never)")
+    p.add_argument(
+        "--early-stop-rounds",
+        type=whole_number,
+        default=0,
+        help="stop after N trials without a new best (0: never)",
+    )
     p.add_argument("--parent-run-id", default="")
-    p.add_argument("--spark-master", default="auto",
-                   help="Spark master for np>0, e.g. spark://host:7077; 'auto' (default): "
-                        "Spark's own settings (PYSPARK_SUBMIT_ARGS, spark-defaults.conf, "
-                        "MASTER), else an embedded local[N]")
-    p.add_argument("--train", default=DEFAULT_TRAIN,
-                   help="training function, 'file.py:function' or 'module:function'")
+    p.add_argument(
+        "--spark-master",
+        default="auto",
+        help="Spark master for np>0, e.g. spark://host:7077; 'auto' (default): "
+        "Spark's own settings (PYSPARK_SUBMIT_ARGS, spark-defaults.conf, "
+        "MASTER), else an embedded local[N]",
+    )
+    p.add_argument(
+        "--train",
+        default=DEFAULT_TRAIN,
+        help="training function, 'file.py:function' or 'module:function'",
+    )
     return p.parse_args(argv)
 
 
@@ -82,11 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         fixed_params={"epochs": args.epochs},
         runner_options={"spark_master": args.spark_master},
     )
-    print(f"\nsweep run {result.parent_run_id}: {result.trials} trials "
-          f"({result.failed_trials} failed); best {args.metric} {result.best_loss:.4f} with "
-          f"{result.best_params} (run {result.best_run_id})")
+    print(
+        f"\nsweep run {result.parent_run_id}: {result.trials} trials "
+        f"({result.failed_trials} failed); best {args.metric} {result.best_loss:.4f} with "
+        f"{result.best_params} (run {result.best_run_id})"
+    )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main))

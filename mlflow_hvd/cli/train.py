@@ -18,6 +18,7 @@ import time
 
 from mlflow_hvd.cli.common import (
     DEFAULT_TRAIN,
+    exit_status,
     load_function,
     prepare_environment,
     use_default_store,
@@ -29,22 +30,39 @@ from mlflow_hvd.options import check_np
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--np", type=whole_number, default=2,
-                   help="ranks: N>0 Spark barrier tasks, -N local processes (default 2)")
+    p.add_argument(
+        "--np",
+        type=whole_number,
+        default=2,
+        help="ranks: N>0 Spark barrier tasks, -N local processes (default 2)",
+    )
     p.add_argument("--epochs", type=whole_number, default=5)
     p.add_argument("--batch-size", type=whole_number, default=32, help="per rank")
-    p.add_argument("--learning-rate", type=float, default=0.001,
-                   help="single-process learning rate; scaled by np inside")
-    p.add_argument("--data", default="digits",
-                   help="'digits' (scikit-learn's bundled set) or a Parquet dataset directory")
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        default=0.001,
+        help="single-process learning rate; scaled by np inside",
+    )
+    p.add_argument(
+        "--data",
+        default="digits",
+        help="'digits' (scikit-learn's bundled set) or a Parquet dataset directory",
+    )
     p.add_argument("--seed", type=whole_number, default=0)
-    p.add_argument("--spark-master", default="auto",
-                   help="Spark master for np>0, e.g. spark://host:7077; 'auto' (default): "
-                        "Spark's own settings (PYSPARK_SUBMIT_ARGS, spark-defaults.conf, "
-                        "MASTER), else an embedded local[N]")
-    p.add_argument("--train", default=DEFAULT_TRAIN,
-                   help=f"training function, 'file.py:function' or 'module:function' "
-                        f"(default {DEFAULT_TRAIN})")
+    p.add_argument(
+        "--spark-master",
+        default="auto",
+        help="Spark master for np>0, e.g. spark://host:7077; 'auto' (default): "
+        "Spark's own settings (PYSPARK_SUBMIT_ARGS, spark-defaults.conf, "
+        "MASTER), else an embedded local[N]",
+    )
+    p.add_argument(
+        "--train",
+        default=DEFAULT_TRAIN,
+        help=f"training function, 'file.py:function' or 'module:function' "
+        f"(default {DEFAULT_TRAIN})",
+    )
     return p.parse_args(argv)
 
 
@@ -62,8 +80,10 @@ def validate(args: argparse.Namespace) -> list[str]:
     if not args.learning_rate > 0:
         problems.append(f"learning_rate={args.learning_rate}: must be a positive number")
     if args.data != "digits" and not os.path.exists(args.data):
-        problems.append(f"data={args.data!r}: no such file or directory; pass 'digits' or the "
-                        "path of a Parquet dataset")
+        problems.append(
+            f"data={args.data!r}: no such file or directory; pass 'digits' or the "
+            "path of a Parquet dataset"
+        )
     return problems
 
 
@@ -84,8 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     runner = HorovodRunner(np=args.np, spark_master=args.spark_master)
     data = args.data if args.data == "digits" else os.path.abspath(args.data)
-    params = {"np": args.np, "epochs": args.epochs, "batch_size": args.batch_size,
-              "learning_rate": args.learning_rate, "data": args.data, "seed": args.seed}
+    params = {
+        "np": args.np,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "learning_rate": args.learning_rate,
+        "data": args.data,
+        "seed": args.seed,
+    }
     result = runner.run(
         train,
         epochs=args.epochs,
@@ -96,12 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         run_params=params,
     )
     elapsed = time.monotonic() - t0
-    print(f"\nrun {runner.last_run_id} finished in {elapsed:.0f}s: "
-          f"test accuracy {result['test_accuracy']:.3f}, test loss {result['test_loss']:.3f}")
+    print(
+        f"\nrun {runner.last_run_id} finished in {elapsed:.0f}s: "
+        f"test accuracy {result['test_accuracy']:.3f}, test loss {result['test_loss']:.3f}"
+    )
     print(f"tracking store: {uri}")
     print(f"open the UI with:  mlflow ui --backend-store-uri {uri}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main))

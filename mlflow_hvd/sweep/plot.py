@@ -24,8 +24,16 @@ def plot_losses(client: Any, run_id: str, losses: tuple[float | None, ...], metr
         ax.plot(failed, [low] * len(failed), "x", color="tab:red", label="failed trial")
     if ys:
         b = xs[ys.index(min(ys))]
-        ax.plot([b], [min(ys)], "o", markersize=14, markerfacecolor="none",
-                markeredgecolor="tab:green", markeredgewidth=2, label=f"best (trial {b})")
+        ax.plot(
+            [b],
+            [min(ys)],
+            "o",
+            markersize=14,
+            markerfacecolor="none",
+            markeredgecolor="tab:green",
+            markeredgewidth=2,
+            label=f"best (trial {b})",
+        )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial")
     ax.set_ylabel(metric)

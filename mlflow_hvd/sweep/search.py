@@ -15,12 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlflow_hvd.driver.signals import sigterm_interrupts
 from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
 from mlflow_hvd.options import check_positive_int
 from mlflow_hvd.runner import HorovodRunner
 from mlflow_hvd.sweep.plot import plot_losses
 from mlflow_hvd.sweep.space import plain, validate_space
 from mlflow_hvd.sweep.trials_store import load_trials, save_trials
+from mlflow_hvd.tracking.driver_run import store_lock
 
 TAG = "mlflow_hvd.sweep."
 
@@ -96,13 +98,29 @@ def sweep(
         TrackingError: The parent run has saved trials that cannot be read.
         MlflowHvdError: Every trial failed.
     """
+
+    plan = _validate(
+        train_fn,
+        space,
+        max_evals,
+        np,
+        metric,
+        seed,
+        early_stop_rounds,
+        fixed_params,
+        runner_options,
+    )
+    with sigterm_interrupts():  # SIGTERM ends the sweep and its trial KILLED, like Ctrl-C
+        return _sweep(plan, parent_run_id)
+
+
+def _sweep(plan: _Plan, parent_run_id: str | None) -> SweepResult:
     import mlflow
 
-    plan = _validate(train_fn, space, max_evals, np, metric, seed, early_stop_rounds,
-                     fixed_params, runner_options)
     client = mlflow.MlflowClient()
-    owned = mlflow.active_run() is None
-    parent = mlflow.start_run(run_id=parent_run_id) if owned else mlflow.active_run()
+    with store_lock(mlflow.get_tracking_uri()):
+        owned = mlflow.active_run() is None
+        parent = mlflow.start_run(run_id=parent_run_id) if owned else mlflow.active_run()
     parent_id = parent.info.run_id  # type: ignore[union-attr]
     try:
         from hyperopt import Trials
@@ -146,18 +164,38 @@ def _validate(
         raise ConfigurationError("metric must name the metric to minimise, e.g. 'val_loss'")
     validate_space(space, seed)
     HorovodRunner(np=np, **dict(runner_options or {}))  # validates np and options now
-    return _Plan(train_fn, dict(space), max_evals, np, metric, seed, early_stop_rounds,
-                 dict(fixed_params or {}), dict(runner_options or {}))
+    return _Plan(
+        train_fn,
+        dict(space),
+        max_evals,
+        np,
+        metric,
+        seed,
+        early_stop_rounds,
+        dict(fixed_params or {}),
+        dict(runner_options or {}),
+    )
 
 
 def _describe_parent(client: Any, parent_id: str, plan: _Plan) -> None:
     client.set_tag(parent_id, f"{TAG}role", "parent")
-    _log_params_once(client, parent_id, {
-        "max_evals": plan.max_evals, "np": plan.np, "metric": plan.metric, "seed": plan.seed,
-        "algo": "tpe", "early_stop_rounds": plan.early_stop_rounds,
-    })
-    client.log_text(parent_id, json.dumps({k: str(v) for k, v in plan.space.items()},
-                                          indent=2), "search_space.json")
+    _log_params_once(
+        client,
+        parent_id,
+        {
+            "max_evals": plan.max_evals,
+            "np": plan.np,
+            "metric": plan.metric,
+            "seed": plan.seed,
+            "algo": "tpe",
+            "early_stop_rounds": plan.early_stop_rounds,
+        },
+    )
+    client.log_text(
+        parent_id,
+        json.dumps({k: str(v) for k, v in plan.space.items()}, indent=2),
+        "search_space.json",
+    )
 
 
 def _run_trials(client: Any, parent_id: str, trials: Any, plan: _Plan) -> None:
@@ -173,9 +211,16 @@ def _run_trials(client: Any, parent_id: str, trials: Any, plan: _Plan) -> None:
         # One evaluation per call, with an rng that depends only on (seed, n): the same
         # seed gives the same params whether or not the sweep was interrupted.
         try:
-            fmin(objective, plan.space, algo=tpe.suggest, max_evals=n, trials=trials,
-                 rstate=numpy.random.default_rng(plan.seed + n), show_progressbar=False,
-                 return_argmin=False)
+            fmin(
+                objective,
+                plan.space,
+                algo=tpe.suggest,
+                max_evals=n,
+                trials=trials,
+                rstate=numpy.random.default_rng(plan.seed + n),
+                show_progressbar=False,
+                return_argmin=False,
+            )
         except AllTrialsFailed:
             pass  # fmin's closing argmin has no successful trial yet: the sweep goes on
         save_trials(client, parent_id, trials)
@@ -206,8 +251,11 @@ def run_trial(client: Any, index: int, params: dict[str, Any], plan: _Plan) -> d
         history = client.get_metric_history(run_id, plan.metric)
         if not history:
             mlflow.end_run("FAILED")
-            return {"status": STATUS_FAIL, "run_id": run_id,
-                    "error": f"the trial logged no metric {plan.metric!r} to minimise"}
+            return {
+                "status": STATUS_FAIL,
+                "run_id": run_id,
+                "error": f"the trial logged no metric {plan.metric!r} to minimise",
+            }
         loss = float(max(history, key=lambda m: (m.step, m.timestamp)).value)
         mlflow.log_metric("trial_wall_seconds", wall)
         return {"status": STATUS_OK, "loss": loss, "run_id": run_id}
@@ -236,8 +284,11 @@ def _log_params_once(client: Any, run_id: str, params: Mapping[str, Any]) -> Non
 def _summarise(client: Any, parent_id: str, trials: Any, plan: _Plan) -> SweepResult:
     from hyperopt import STATUS_OK, space_eval
 
-    ok = [(t, r) for t, r in zip(trials.trials, trials.results, strict=True)
-          if r.get("status") == STATUS_OK]
+    ok = [
+        (t, r)
+        for t, r in zip(trials.trials, trials.results, strict=True)
+        if r.get("status") == STATUS_OK
+    ]
     losses = tuple(r.get("loss") for r in trials.results)
     failed = len(trials.results) - len(ok)
     plot_losses(client, parent_id, losses, plan.metric)
@@ -251,5 +302,12 @@ def _summarise(client: Any, parent_id: str, trials: Any, plan: _Plan) -> SweepRe
     client.log_metric(parent_id, f"best_{plan.metric}", best["loss"])
     client.set_tag(parent_id, f"{TAG}best_run_id", best["run_id"])
     client.set_tag(parent_id, f"{TAG}failed_trials", str(failed))
-    return SweepResult(parent_id, best_params, float(best["loss"]), best["run_id"],
-                       len(trials.results), failed, losses)
+    return SweepResult(
+        parent_id,
+        best_params,
+        float(best["loss"]),
+        best["run_id"],
+        len(trials.results),
+        failed,
+        losses,
+    )

@@ -43,8 +43,7 @@ def space_from_json(spec: Mapping[str, Any]) -> dict[str, Any]:
     """
     from hyperopt import hp
 
-    allowed = {"uniform", "loguniform", "quniform", "qloguniform", "normal", "choice",
-               "randint"}
+    allowed = {"uniform", "loguniform", "quniform", "qloguniform", "normal", "choice", "randint"}
     space: dict[str, Any] = {}
     for name, desc in spec.items():
         if not isinstance(desc, list | tuple) or not desc or desc[0] not in allowed:

@@ -100,8 +100,10 @@ class _AsyncLogger:
                 params.append(Param(*item))
             elif kind == "tag":
                 tags.append(RunTag(*item))
-            full = len(metrics) >= _MAX_METRICS or len(params) >= _MAX_PARAMS or (
-                len(tags) >= _MAX_TAGS
+            full = (
+                len(metrics) >= _MAX_METRICS
+                or len(params) >= _MAX_PARAMS
+                or (len(tags) >= _MAX_TAGS)
             )
             due = time.monotonic() - last_send >= _FLUSH_INTERVAL
             if kind == "flush" or full or (due and (metrics or params or tags)):

@@ -83,7 +83,7 @@ def standalone_addresses(master: str) -> list[tuple[str, int]]:
     if not master.startswith("spark://"):
         return []
     out = []
-    for part in master[len("spark://"):].split(","):
+    for part in master[len("spark://") :].split(","):
         host, _, port = part.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigurationError(

@@ -15,8 +15,7 @@ from mlflow_hvd.errors import (
 )
 
 
-def get_or_create_session(np: int, spark_master: str | None = None,
-                          timeout: float = 30.0) -> Any:
+def get_or_create_session(np: int, spark_master: str | None = None, timeout: float = 30.0) -> Any:
     """The active SparkSession, or a new one on the configured master (see
     :mod:`.master`), or an embedded ``local[max(np, cores)]`` one when nothing configures a
     master.
@@ -112,8 +111,11 @@ def _slots_message(sc: Any, np: int, slots: int, ceiling: int | None, timeout: f
     text = (
         f"np={np} needs {np} concurrent barrier task slots but the Spark cluster (master "
         f"{sc.master}) offers {slots}"
-        + (f" and can offer at most {ceiling}" if ceiling is not None and ceiling < np
-           else f" after waiting {timeout:g}s")
+        + (
+            f" and can offer at most {ceiling}"
+            if ceiling is not None and ceiling < np
+            else f" after waiting {timeout:g}s"
+        )
         + f" (spark.executor.cores={conf.get('spark.executor.cores', 'default')}, "
         f"spark.task.cpus={conf.get('spark.task.cpus', '1')}). Lower np, add executors or "
         "cores, or raise HorovodRunner(slot_timeout=...) if executors are still starting"

@@ -62,8 +62,12 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
             iface = job.gloo_iface or iface_towards(job.driver_host)
             with staged_payload(job.payload, prefix="mlflow-hvd-task-") as payload_path:
                 launch = worker_launch(
-                    job, slots[partition], payload_path,
-                    driver_host=job.driver_host, iface=iface, cwd=None,
+                    job,
+                    slots[partition],
+                    payload_path,
+                    driver_host=job.driver_host,
+                    iface=iface,
+                    cwd=None,
                 )
                 exited = run_worker(launch, client.send, threading.Event())
         finally:

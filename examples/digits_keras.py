@@ -50,6 +50,7 @@ def train(
     seed: int = 0,
     data: str = "digits",
     fail_at_epoch: int | None = None,
+    kill_at_epoch: int | None = None,
     log_model: bool = True,
     run_params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -59,8 +60,12 @@ def train(
     data set written by examples/digits_to_parquet.py, of which each rank reads only its own
     shard. ``run_params`` are logged once as params (kept if the run already has them, as
     under ``mlflow run``). ``fail_at_epoch`` makes rank 1 (or rank 0 when alone) crash at
-    the start of that epoch: it exists to demonstrate and test resuming from a checkpoint.
+    the start of that epoch; ``kill_at_epoch`` makes it SIGKILL itself half-way through that
+    epoch, on the job's first attempt only. They exist to demonstrate and test resuming from
+    a checkpoint, by hand or with ``HorovodRunner(max_failures=...)``.
     """
+    import os
+    import signal
     import time
 
     started = time.monotonic()
@@ -117,7 +122,19 @@ def train(
     tracking.log_params({"shard_size": len(x_shard)}, keep_existing=True)
 
     class FailAt(keras.callbacks.Callback):
+        epoch = 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if (
+                kill_at_epoch == self.epoch
+                and batch == steps_per_epoch // 2
+                and mlflow_hvd.attempt() == 0
+                and hvd.rank() == min(1, hvd.size() - 1)
+            ):
+                os.kill(os.getpid(), signal.SIGKILL)
+
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.epoch = epoch
             if fail_at_epoch is None or epoch != fail_at_epoch:
                 return
             # every rank gets here only after rank 0 committed the previous checkpoint

@@ -25,13 +25,15 @@ if TYPE_CHECKING:
         InsufficientSlotsError,
         MlflowHvdError,
         RankFailure,
+        RetriesExhaustedError,
         RunTimeoutError,
         SparkBarrierUnsupportedError,
         StartTimeoutError,
+        Terminated,
         TrackingError,
         WorkerFailedError,
     )
-    from mlflow_hvd.rank.context import log_to_driver
+    from mlflow_hvd.rank.context import attempt, log_to_driver
     from mlflow_hvd.runner import HorovodRunner
 
 __version__ = "0.1.0"
@@ -45,17 +47,21 @@ __all__ = [
     "InsufficientSlotsError",
     "MlflowHvdError",
     "RankFailure",
+    "RetriesExhaustedError",
     "RunTimeoutError",
     "SparkBarrierUnsupportedError",
     "StartTimeoutError",
+    "Terminated",
     "TrackingError",
     "WorkerFailedError",
+    "attempt",
     "log_to_driver",
 ]
 _WHERE = {
     **{name: "mlflow_hvd.errors" for name in __all__},
     "HorovodRunner": "mlflow_hvd.runner",
     "log_to_driver": "mlflow_hvd.rank.context",
+    "attempt": "mlflow_hvd.rank.context",
 }
 
 

@@ -188,23 +188,29 @@ class ChannelClient:
             ) from exc
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def send(self, message: object) -> None:
+    def send(self, message: object, lock_timeout: float | None = None) -> None:
         """Send one message and wait until the driver has handled it.
+
+        ``lock_timeout``: wait at most this long for another send in progress (a signal
+        handler must not wait for the code it interrupted).
 
         Raises:
             AuthenticationError: The driver rejected the message (wrong secret).
             ChannelError: The driver is gone or did not answer within the timeout.
         """
         frame = encode_frame(self._secret, message)
-        with self._lock:
-            try:
-                self._sock.sendall(frame)
-                ack = self._sock.recv(1)
-            except OSError as exc:
-                raise ChannelError(
-                    f"lost the connection to the driver at {self._address[0]}:"
-                    f"{self._address[1]} while sending {type(message).__name__}: {exc}"
-                ) from exc
+        if not self._lock.acquire(timeout=-1 if lock_timeout is None else lock_timeout):
+            raise ChannelError(f"another send is in progress; {type(message).__name__} not sent")
+        try:
+            self._sock.sendall(frame)
+            ack = self._sock.recv(1)
+        except OSError as exc:
+            raise ChannelError(
+                f"lost the connection to the driver at {self._address[0]}:"
+                f"{self._address[1]} while sending {type(message).__name__}: {exc}"
+            ) from exc
+        finally:
+            self._lock.release()
         if ack == ACK_REJECTED:
             raise AuthenticationError("the driver rejected the message: wrong run secret")
         if ack != ACK_OK:

@@ -51,6 +51,31 @@ class TrackingError(MlflowHvdError):
     """Logging to the driver's MLflow run failed."""
 
 
+class RetriesExhaustedError(MlflowHvdError):
+    """The job failed on every attempt: ``max_failures`` restarts did not help.
+
+    Attributes:
+        failures: The error of each attempt, first to last (each a WorkerFailedError or
+            BackendError with its own root cause).
+    """
+
+    def __init__(self, failures: Sequence[BaseException]) -> None:
+        self.failures = tuple(failures)
+        lines = [f"the job failed on all {len(self.failures)} attempts:"]
+        for i, exc in enumerate(self.failures):
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            lines.append(f"attempt {i}: {type(exc).__name__}: {first}")
+        lines.append(f"Last attempt in full:\n{self.failures[-1]}")
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.failures,))
+
+    @property
+    def last(self) -> BaseException:
+        return self.failures[-1]
+
+
 class Terminated(KeyboardInterrupt):
     """The driver received SIGTERM (a scheduler, ``kill`` or a container stop).
 

@@ -50,6 +50,7 @@ class TrackingTarget:
     run_id: str
     experiment_id: str
     system_metrics: bool = False
+    drain_timeout: float = 30.0  # seconds rank 0 delivers what is queued after ``main``
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Payload:
     source_file: str = ""
     source_text: str = ""
     tracking: TrackingTarget | None = None
+    attempt: int = 0  # 0 for the first run of the job, k for its k-th restart
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,20 @@ class WorkerExited(FromRank):
     exit_code: int
     timestamp: float
     stopped: bool = False  # True when the agent ended it because it was asked to stop
+
+
+@dataclass(frozen=True)
+class UndeliveredTracking:
+    """Rank 0 -> driver: tracking records the server did not take before the deadline, in
+    order. Artifact records name keys of ``files``, which carry the files' bytes (rank 0's
+    disk is not the driver's). The driver saves them for replay."""
+
+    run_id: str
+    tracking_uri: str
+    host: str
+    records: tuple[tuple[Any, ...], ...]
+    files: tuple[tuple[str, bytes], ...]
+    reason: str
 
 
 @dataclass(frozen=True)

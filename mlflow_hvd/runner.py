@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +14,17 @@ from mlflow_hvd.backends.spark.master import standalone_addresses
 from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
 from mlflow_hvd.driver.payload import dumps_payload
 from mlflow_hvd.driver.signals import sigterm_interrupts
-from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.messages import TrackingTarget
+from mlflow_hvd.errors import (
+    BackendError,
+    ConfigurationError,
+    RetriesExhaustedError,
+    WorkerFailedError,
+)
+from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
 from mlflow_hvd.options import check_np, check_positive_int, check_seconds
+from mlflow_hvd.tracking import attempts
+
+log = logging.getLogger(__name__)
 
 
 class HorovodRunner:
@@ -48,9 +57,26 @@ class HorovodRunner:
             status FINISHED, FAILED or KILLED. Rank 0 logs into it through
             :mod:`mlflow_hvd.tracking`. ``False``: no MLflow at all.
         log_system_metrics: Also log MLflow system metrics, once per node.
-        tracking_timeout: Seconds the driver waits for the tracking server when it ends the
-            run (status, failure tags). Past it, ``run`` returns or raises the job's own
-            outcome with a warning naming what was not recorded.
+        tracking_timeout: Seconds given to the tracking server at the end of a job, once
+            for rank 0 to deliver what it queued and once for the driver to end the run
+            (status, failure tags): against an unreachable server ``run`` returns or raises
+            the job's own outcome at most ``2 * tracking_timeout`` after training ends
+            (default: 60 s). During training nothing waits for the server: rank 0 buffers
+            through an outage (memory, then disk) and delivers in order when it is back.
+        undelivered_dir: Where the driver saves what never reached the server, one bundle
+            per run, with a warning naming the count and the path; replay it with
+            ``python -m mlflow_hvd.tracking.replay <path>``. Default:
+            ``MLFLOW_HVD_UNDELIVERED_DIR``, else ``~/.local/state/mlflow_hvd/undelivered``.
+
+        max_failures: Restart the whole job after a rank or backend failure, up to this many
+            times (all-or-nothing, like a Spark barrier stage; default 0: no restart). Each
+            attempt runs in the same MLflow run, so training code that resumes from the
+            run's latest checkpoint (:func:`mlflow_hvd.keras.restore_from_checkpoint`)
+            continues where the failed attempt's last checkpoint left off. Every attempt is
+            logged (metric ``mlflow_hvd.attempt`` at step = attempt, and
+            ``attempts/attempt_<k>_error.txt`` with each failure in full); when all fail,
+            :class:`~mlflow_hvd.errors.RetriesExhaustedError` carries every cause.
+            Workers can read their attempt with :func:`mlflow_hvd.attempt`.
 
     SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
     stopped, the Spark job group cancelled, the run ended KILLED, and
@@ -73,6 +99,8 @@ class HorovodRunner:
         track: bool = True,
         log_system_metrics: bool = False,
         tracking_timeout: float = 30.0,
+        undelivered_dir: str | None = None,
+        max_failures: int = 0,
     ) -> None:
         self.num_processor = check_np(np)
         try:
@@ -103,6 +131,8 @@ class HorovodRunner:
         self._track = bool(track)
         self._system_metrics = bool(log_system_metrics)
         self._tracking_timeout = check_seconds("tracking_timeout", tracking_timeout)
+        self._undelivered_dir = undelivered_dir
+        self._max_failures = check_positive_int("max_failures", max_failures, 0)
         self.last_job_id: str | None = None
         self.last_run_id: str | None = None
         """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
@@ -129,19 +159,46 @@ class HorovodRunner:
             raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
         dumps_payload(main, kwargs)  # fail on unpicklable input before touching MLflow
         with sigterm_interrupts():
-            backend, driver_host = self._backend()
             if not self._track:
-                return self._launch(main, kwargs, backend, driver_host, None)
+                return self._attempts(main, kwargs, None)
             from mlflow_hvd.tracking.driver_run import driver_run
 
             with driver_run(
                 self.num_processor,
-                backend.describe(),
+                self._backend()[0].describe(),
                 self._system_metrics,
                 self._tracking_timeout,
+                self._undelivered_dir,
             ) as target:
                 self.last_run_id = target.run_id
-                return self._launch(main, kwargs, backend, driver_host, target)
+                return self._attempts(main, kwargs, target)
+
+    def _attempts(
+        self, main: Callable[..., Any], kwargs: dict[str, Any], target: TrackingTarget | None
+    ) -> Any:
+        """Run the job; after a rank or backend failure restart it whole, up to
+        ``max_failures`` times, in the same MLflow run."""
+        failures: list[BaseException] = []
+        for attempt in range(self._max_failures + 1):
+            if target is not None:
+                attempts.started(target, attempt, self._tracking_timeout)
+            backend, driver_host = self._backend()
+            try:
+                return self._launch(main, kwargs, backend, driver_host, target, attempt)
+            except (WorkerFailedError, BackendError) as exc:
+                failures.append(exc)
+                if target is not None:
+                    attempts.failed(target, attempt, exc, self._tracking_timeout)
+                if attempt == self._max_failures:
+                    if len(failures) == 1:
+                        raise
+                    raise RetriesExhaustedError(failures) from exc
+                log.warning(
+                    "mlflow_hvd: attempt %d of %d failed (%s); restarting the job%s",
+                    attempt + 1, self._max_failures + 1, str(exc).splitlines()[0],
+                    " from its latest checkpoint" if target is not None else "",
+                )
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def _launch(
         self,
@@ -150,18 +207,34 @@ class HorovodRunner:
         backend: Backend,
         driver_host: str,
         target: TrackingTarget | None,
+        attempt: int = 0,
     ) -> Any:
         self.last_job_id = job_id = new_job_id()
         value = run_job(
             abs(self.num_processor),
-            dumps_payload(main, kwargs, target),
+            dumps_payload(main, kwargs, target, attempt),
             backend,
             self._settings,
             driver_host,
-            f"HorovodRunner(np={self.num_processor}).run({_name(main)})",
+            f"HorovodRunner(np={self.num_processor}).run({_name(main)})"
+            + (f" attempt {attempt}" if attempt else ""),
             job_id=job_id,
+            on_undelivered=self._save_undelivered,
         )
         return cloudpickle.loads(value)
+
+    def _save_undelivered(self, message: UndeliveredTracking) -> None:
+        """Keep what rank 0 could not deliver, and say how much and where."""
+        from mlflow_hvd.tracking import records, undelivered
+
+        root = self._undelivered_dir or undelivered.default_root()
+        path = undelivered.save_message(root, message)
+        what = records.describe(records.count([list(r) for r in message.records]))
+        log.warning(
+            "mlflow_hvd: %s logged by rank 0 on host %s did not reach the tracking server %s "
+            "(%s). Saved in %s; send with: python -m mlflow_hvd.tracking.replay %s",
+            what, message.host, message.tracking_uri, message.reason, path, path,
+        )
 
     def _backend(self) -> tuple[Backend, str]:
         if self.num_processor < 0:

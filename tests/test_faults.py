@@ -4,9 +4,12 @@ hangs on MLflow, signals end the run KILLED, concurrent drivers share a new stor
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import mlflow
 import pytest
 import workers
 from conftest import assert_no_workers_left
-from services import start_mlflow_server, stop_group
+from services import start_mlflow_server, stop_group, wait_until
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError
 
@@ -33,14 +36,25 @@ def _driver_script(tmp_path: Path, uri: str, body: str) -> Path:
     return script
 
 
+def _scratch(tmpdir: Path) -> list[str]:
+    return sorted(p.name for p in tmpdir.iterdir() if p.name.startswith("mlflow-hvd-"))
+
+
 @pytest.mark.parametrize(
     ("sig", "reason"),
-    [(signal.SIGINT, "interrupted by the user"), (signal.SIGTERM, "terminated by SIGTERM")],
+    [
+        (signal.SIGINT, "interrupted by the user"),
+        (signal.SIGTERM, "terminated by SIGTERM"),
+        (signal.SIGKILL, ""),
+    ],
+    ids=["SIGINT", "SIGTERM", "SIGKILL"],
 )
-def test_a_signal_to_the_driver_ends_the_run_killed(
-    tmp_path: Path, sig: signal.Signals, reason: str
+def test_a_signal_to_the_driver_ends_the_run_killed_and_leaves_no_files(
+    tmp_path: Path, sig: signal.Signals, reason: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tmpdir = tmp_path / "tmp"  # the driver's and its workers' TMPDIR
+    tmpdir.mkdir()
     script = _driver_script(
         tmp_path,
         uri,
@@ -51,7 +65,11 @@ def test_a_signal_to_the_driver_ends_the_run_killed(
         "    print('interrupted', type(exc).__name__, r.last_run_id, flush=True)\n",
     )
     proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
@@ -60,15 +78,24 @@ def test_a_signal_to_the_driver_ends_the_run_killed(
         line = proc.stdout.readline()
         assert line and time.monotonic() < deadline, "driver ended before the ranks started"
         seen += "<log>: ready" in line
+    assert len(_scratch(tmpdir)) == 1  # the job's payload directory
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
+    assert_no_workers_left()
+    if sig == signal.SIGKILL:  # nothing runs in the driver: its directory stays, until...
+        (orphan,) = _scratch(tmpdir)
+        assert orphan.startswith(f"mlflow-hvd-job-{proc.pid}-")
+        monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+        assert HorovodRunner(np=-1, track=False).run(workers.echo, x=1)["kwargs"] == {"x": 1}
+        assert _scratch(tmpdir) == []  # ...the next job on this host removes it
+        return
     assert proc.returncode == 0, out
     kind, run_id = out.split("interrupted ")[1].split()[:2]
     assert kind == ("Terminated" if sig == signal.SIGTERM else "KeyboardInterrupt")
     run = mlflow.MlflowClient(tracking_uri=uri).get_run(run_id)
     assert run.info.status == "KILLED"
     assert run.data.tags["mlflow_hvd.status_reason"] == reason
-    assert_no_workers_left()
+    assert _scratch(tmpdir) == []
 
 
 def test_two_drivers_create_the_same_new_sqlite_store_at_once(tmp_path: Path) -> None:
@@ -108,15 +135,70 @@ def test_two_drivers_create_the_same_new_sqlite_store_at_once(tmp_path: Path) ->
         assert client.get_run(out.strip()).info.status == "FINISHED"
 
 
+def _mlflow_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and r.name.startswith("mlflow_hvd")
+    ]
+
+
+def test_tracking_server_down_for_10s_mid_run_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "server"
+    server, url = start_mlflow_server("127.0.0.1", root)
+    port = int(url.rsplit(":", 1)[1])
+    mlflow.set_tracking_uri(url)
+    client = mlflow.MlflowClient()
+    runner = HorovodRunner(np=-1, undelivered_dir=str(tmp_path / "undelivered"))
+    n = 250
+    done: dict[str, object] = {}
+
+    def job() -> None:
+        done["value"] = runner.run(workers.log_steadily, n=n, interval=0.1)
+
+    thread = threading.Thread(target=job)
+    try:
+        thread.start()
+        wait_until(
+            lambda: runner.last_run_id
+            and len(client.get_metric_history(runner.last_run_id, "x")) >= 20,
+            120,
+            "the first 20 values on the server",
+        )
+        stop_group(server, grace=0)
+        time.sleep(10)  # the outage itself, not a synchronisation
+        server, _ = start_mlflow_server("127.0.0.1", root, port=port)
+        thread.join(timeout=180)
+        assert not thread.is_alive()
+        assert done["value"] == n
+        run = client.get_run(str(runner.last_run_id))
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "x")]
+        values = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "x")}
+        artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "mid")]
+    finally:
+        stop_group(server)
+        mlflow.set_tracking_uri("")
+    assert sorted(steps) == list(range(n))  # every value once: none lost, none repeated
+    assert all(values[i] == float(i) for i in range(n))
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["half"] == "yes" and run.data.params["p"] == "at-half"
+    assert artifacts == ["mid/state.json"]
+    assert not (tmp_path / "undelivered").exists()  # nothing had to be saved for later
+
+
 @pytest.mark.parametrize("fails", [False, True], ids=["returns", "raises"])
-def test_tracking_server_gone_at_the_end_bounds_the_drivers_bookkeeping(
+def test_tracking_server_gone_at_the_end_bounds_run_and_saves_a_replayable_bundle(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, fails: bool
 ) -> None:
-    """The server dies during the job: run() still returns rank 0's value, or raises the
-    job's own error, within ``tracking_timeout``, warning what was not recorded."""
-    server, url = start_mlflow_server("127.0.0.1", tmp_path / "server")
+    """The server dies during the job and stays down: run() returns rank 0's value, or
+    raises the job's own error, within 2 x tracking_timeout of the job's end, warning what
+    was not delivered and where it is; the bundle replays once the server is back."""
+    root = tmp_path / "server"
+    server, url = start_mlflow_server("127.0.0.1", root)
+    port = int(url.rsplit(":", 1)[1])
     mlflow.set_tracking_uri(url)
-    runner = HorovodRunner(np=-1, tracking_timeout=3)
+    saved = tmp_path / "undelivered"
+    runner = HorovodRunner(np=-1, tracking_timeout=3, undelivered_dir=str(saved))
     try:
         with caplog.at_level(logging.WARNING):
             t0 = time.monotonic()
@@ -125,24 +207,120 @@ def test_tracking_server_gone_at_the_end_bounds_the_drivers_bookkeeping(
                     runner.run(workers.kill_group_then_raise, pgid=server.pid)
                 assert info.value.root_cause.error == "RuntimeError: the job's own error"
             else:
-                assert runner.run(workers.kill_group_then_return, pgid=server.pid, value=41) == 41
+                value = runner.run(
+                    workers.kill_group_then_return, pgid=server.pid, value=41, log_n=50
+                )
+                assert value == 41
             took = time.monotonic() - t0
+        run_id = str(runner.last_run_id)
+        bundle = saved / run_id
+        warnings = _mlflow_warnings(caplog)
+        not_recorded = (
+            "tags mlflow_hvd.error, mlflow_hvd.failed_host, mlflow_hvd.failed_rank, "
+            "mlflow_hvd.root_cause; error.txt; status FAILED"
+            if fails
+            else "status FINISHED"
+        )
+        ending = (
+            f"mlflow_hvd: the tracking server did not answer within 3s while ending run {run_id}"
+            f"; not recorded: {not_recorded} (the run stays RUNNING in MLflow until then). "
+            f"Saved in {bundle}; send with: python -m mlflow_hvd.tracking.replay {bundle}"
+        )
+        if fails:
+            assert warnings == [ending]
+        else:
+            assert len(warnings) == 2, warnings
+            assert warnings[0].startswith(
+                "mlflow_hvd: 50 metric values, 1 tag and 1 artifact file logged by rank 0 on "
+                f"host localhost did not reach the tracking server {url} (the tracking server "
+                f"at {url} has been unreachable since "
+            )
+            assert warnings[0].endswith(
+                f"Saved in {bundle}; send with: python -m mlflow_hvd.tracking.replay {bundle}"
+            )
+            assert warnings[1] == ending
+        assert took < 40, took  # a job of ~15 s on 2 cores; MLflow's own retries take minutes
+
+        server, _ = start_mlflow_server("127.0.0.1", root, port=port)
+        replay = subprocess.run(
+            [sys.executable, "-m", "mlflow_hvd.tracking.replay", str(bundle)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert replay.returncode == 0, replay.stderr
+        client = mlflow.MlflowClient()
+        run = client.get_run(run_id)
+        history = client.get_metric_history(run_id, "y")
+        artifacts = [a.path for a in client.list_artifacts(run_id, "late")]
+        errors = [a.path for a in client.list_artifacts(run_id) if a.path == "error.txt"]
     finally:
         stop_group(server)
         mlflow.set_tracking_uri("")
-    warnings = [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelname == "WARNING" and r.name.startswith("mlflow_hvd")
-    ]
-    not_recorded = (
-        "tags mlflow_hvd.error, mlflow_hvd.failed_host, mlflow_hvd.failed_rank, "
-        "mlflow_hvd.root_cause; error.txt; status FAILED"
-        if fails
-        else "status FINISHED"
+    assert not bundle.exists()
+    if fails:
+        assert (
+            replay.stdout.strip().splitlines()[-1]
+            == f"replayed 4 tags, 1 artifact file and 1 run status into run {run_id}"
+        )
+        assert run.info.status == "FAILED"
+        assert run.data.tags["mlflow_hvd.root_cause"] == "RuntimeError: the job's own error"
+        assert errors == ["error.txt"]
+    else:
+        assert replay.stdout.strip().splitlines()[-1] == (
+            f"replayed 50 metric values, 1 tag, 1 artifact file and 1 run status into run {run_id}"
+        )
+        assert run.info.status == "FINISHED"
+        assert sorted(m.step for m in history) == list(range(50))
+        assert run.data.tags["after"] == "kill"
+        assert artifacts == ["late/n.json"]
+
+
+@pytest.mark.parametrize("max_failures", [1, 0])
+def test_rank_sigkilled_mid_epoch_restarts_from_the_last_checkpoint(
+    store: str, max_failures: int
+) -> None:
+    """kill -9 of rank 1 half-way through epoch 3 of 5, on the first attempt only."""
+    import digits_keras
+
+    runner = HorovodRunner(np=-2, max_failures=max_failures)
+    if max_failures == 0:
+        with pytest.raises(WorkerFailedError) as info:
+            runner.run(digits_keras.train, epochs=5, kill_at_epoch=3, log_model=False)
+        assert str(info.value).startswith(
+            "Rank 1 on host localhost failed (killed by signal SIGKILL)"
+        )
+    else:
+        result = runner.run(digits_keras.train, epochs=5, kill_at_epoch=3, log_model=False)
+        assert result["epochs"] == 5
+    client = mlflow.MlflowClient()
+    run_id = str(runner.last_run_id)
+    run = client.get_run(run_id)
+    attempts = client.get_metric_history(run_id, "mlflow_hvd.attempt")
+    errors = [a.path for a in client.list_artifacts(run_id, "attempts")]
+    first_error = client.download_artifacts(run_id, "attempts/attempt_0_error.txt")
+    assert (
+        Path(first_error)
+        .read_text()
+        .startswith(
+            "WorkerFailedError: Rank 1 on host localhost failed (killed by signal SIGKILL) "
+            "[root cause]"
+        )
     )
-    assert warnings == [
-        f"mlflow_hvd: the tracking server did not answer within 3s while ending run "
-        f"{runner.last_run_id}; not recorded: {not_recorded} (the run stays RUNNING in MLflow)"
+    losses = client.get_metric_history(run_id, "loss")
+    if max_failures == 0:
+        assert run.info.status == "FAILED"
+        assert run.data.tags["mlflow_hvd.failed_rank"] == "1"
+        assert [m.step for m in attempts] == [0]
+        assert errors == ["attempts/attempt_0_error.txt"]
+        assert sorted(m.step for m in losses) == [0, 1, 2]  # epochs done before the kill
+        return
+    assert run.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in sorted(attempts, key=lambda m: m.step)] == [
+        (0, 0.0),
+        (1, 1.0),
     ]
-    assert took < 40, took  # a job of ~15 s on 2 cores; MLflow's own retries take minutes
+    assert errors == ["attempts/attempt_0_error.txt"]
+    # resumed from the last checkpoint before the kill (epoch 2): no epoch lost or repeated
+    assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run_id}@epoch_2"
+    assert sorted(m.step for m in losses) == [0, 1, 2, 3, 4]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pytest
 import workers
-from services import start_mlflow_server, stop_group
+from services import start_mlflow_server, stop_group, wait_until
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
 from mlflow_hvd.errors import TrackingError
@@ -161,18 +162,20 @@ class _SlowValue:
         return 1.0
 
 
-def test_flush_that_cannot_drain_names_the_store_and_the_wait(store: str) -> None:
+def test_flush_that_cannot_drain_names_the_store_and_the_wait(store: str, tmp_path: Path) -> None:
     from mlflow_hvd.messages import TrackingTarget
-    from mlflow_hvd.tracking.rank_logger import _AsyncLogger
+    from mlflow_hvd.tracking.delivery import Delivery
 
-    run = mlflow.MlflowClient().create_run("0")
-    logger = _AsyncLogger(TrackingTarget(store, run.info.run_id, "0"))
+    client = mlflow.MlflowClient()
+    run = client.create_run("0")
+    logger = Delivery(TrackingTarget(store, run.info.run_id, "0"), client, str(tmp_path))
     stuck = _SlowValue()
-    logger.put("metric", ("m", stuck, 0, 0))
+    logger.put(["metric", "m", stuck, 0, 0])
     with pytest.raises(TrackingError) as info:
         logger.flush(timeout=0.3)
     assert str(info.value) == (
-        f"MLflow logging did not drain within 0.3s; is the tracking server at {store} reachable?"
+        f"MLflow logging did not drain within 0.3s: 1 record still queued for run "
+        f"{run.info.run_id}; the tracking server at {store} is slow to answer"
     )
     stuck.release.set()
     logger.flush(timeout=30)  # once unblocked, the value lands
@@ -181,18 +184,23 @@ def test_flush_that_cannot_drain_names_the_store_and_the_wait(store: str) -> Non
     ]
 
 
-def test_a_failed_background_send_is_raised_by_the_next_flush(store: str) -> None:
+def test_a_failed_background_send_is_raised_by_the_next_flush(
+    store: str, tmp_path: Path
+) -> None:
     from mlflow_hvd.messages import TrackingTarget
-    from mlflow_hvd.tracking.rank_logger import _AsyncLogger
+    from mlflow_hvd.tracking.delivery import Delivery
 
     client = mlflow.MlflowClient()
     run = client.create_run("0")
-    logger = _AsyncLogger(TrackingTarget(store, run.info.run_id, "0"))
+    logger = Delivery(TrackingTarget(store, run.info.run_id, "0"), client, str(tmp_path))
     client.delete_run(run.info.run_id)  # the store now refuses writes to it
-    logger.put("metric", ("m", 1.0, 0, 0))
+    logger.put(["metric", "m", 1.0, 0, 0])
+    logger.put(["metric", "m", 2.0, 0, 1])
     with pytest.raises(TrackingError) as info:
         logger.flush(timeout=30)
-    assert str(info.value).startswith(f"logging to MLflow run {run.info.run_id} failed: ")
+    assert str(info.value).startswith(
+        f"the tracking store refused 2 metric values for run {run.info.run_id} (not logged): "
+    )
     assert "must be in the 'active' state" in str(info.value)
 
 
@@ -209,3 +217,50 @@ def test_failure_bookkeeping_that_fails_is_warned_not_raised(
         f"could not tag run {missing} with the failure (mlflow_hvd.error not recorded): "
     )
     assert warnings[1].startswith(f"could not store error.txt in run {missing}: ")
+
+
+class _ServerDown:
+    """A real MLflow client behind a switch: while ``down``, every call fails the way a
+    dead server does (MlflowException INTERNAL_ERROR), without waiting for MLflow's retries."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.down = client, True
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self.client, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                from mlflow.exceptions import MlflowException
+
+                raise MlflowException("Connection refused (test outage)")
+            return real(*args, **kwargs)
+
+        return call
+
+
+def test_an_outage_spills_past_the_memory_limit_and_delivers_in_order(
+    store: str, tmp_path: Path
+) -> None:
+    from mlflow_hvd.messages import TrackingTarget
+    from mlflow_hvd.tracking.delivery import Delivery
+
+    real = mlflow.MlflowClient()
+    run = real.create_run("0")
+    server = _ServerDown(real)
+    logger = Delivery(TrackingTarget(store, run.info.run_id, "0"), server, str(tmp_path),
+                      memory_limit=10)
+    for i in range(100):
+        logger.put(["metric", "m", float(i), 1000 + i, i])
+    spill = tmp_path / "pending.jsonl"
+    wait_until(lambda: spill.exists() and len(spill.read_text().splitlines()) == 90, 30,
+               "90 records spilled to disk")
+    with pytest.raises(TrackingError, match="has been unreachable since"):
+        logger.flush(timeout=1)
+    server.down = False
+    logger.flush(timeout=60)
+    history = real.get_metric_history(run.info.run_id, "m")
+    assert [(m.step, m.value) for m in history] == [(i, float(i)) for i in range(100)]
+    assert not spill.exists()
+    undelivered, refusal = logger.close(5, "h")
+    assert (undelivered, refusal) == (None, "")

@@ -187,7 +187,7 @@ def test_rank_0_refuses_a_tracking_server_it_cannot_reach() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(TrackingError) as info:
-        check_server_reachable(f"http://127.0.0.1:{port}", "node-a", timeout=1.0)
+        check_server_reachable(f"http://127.0.0.1:{port}", "rank 0 on host node-a", timeout=1.0)
     assert str(info.value).startswith(
         f"rank 0 on host node-a cannot reach the MLflow tracking server http://127.0.0.1:{port} "
         "within 1s: "

@@ -262,13 +262,39 @@ def sleep_after_init(seconds: float = 600.0) -> None:
     time.sleep(seconds)
 
 
-def kill_group_then_return(pgid: int, value: Any = "done") -> Any:
-    """Rank 0 SIGKILLs a process group (e.g. the MLflow server) and returns ``value``."""
+def log_steadily(n: int, interval: float) -> int:
+    """Rank 0 logs metric ``x`` = i at step i, one every ``interval`` seconds, plus a tag, a
+    param and an artifact half-way; returns how many values it logged."""
     import horovod.tensorflow as hvd
+
+    from mlflow_hvd import tracking
+
+    hvd.init()
+    for i in range(n):
+        tracking.log_metric("x", float(i), step=i)
+        if i == n // 2:
+            tracking.set_tag("half", "yes")
+            tracking.log_param("p", "at-half")
+            tracking.log_dict({"i": i}, "mid/state.json")
+        time.sleep(interval)
+    return n
+
+
+def kill_group_then_return(pgid: int, value: Any = "done", log_n: int = 0) -> Any:
+    """Rank 0 SIGKILLs a process group (e.g. the MLflow server), then logs ``log_n``
+    values of ``y``, a tag and an artifact (if ``log_n``), and returns ``value``."""
+    import horovod.tensorflow as hvd
+
+    from mlflow_hvd import tracking
 
     hvd.init()
     if hvd.rank() == 0:
         os.killpg(pgid, signal.SIGKILL)
+    for i in range(log_n):
+        tracking.log_metric("y", float(i), step=i)
+    if log_n:
+        tracking.set_tag("after", "kill")
+        tracking.log_dict({"n": log_n}, "late/n.json")
     return value
 
 

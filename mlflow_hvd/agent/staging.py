@@ -7,10 +7,10 @@ so a rank starts the same way wherever it runs.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from mlflow_hvd import scratch
 from mlflow_hvd.agent.process import WorkerLaunch
 from mlflow_hvd.backends.base import JobSpec
 from mlflow_hvd.layout import rank_env, worker_command, worker_env
@@ -20,10 +20,11 @@ PAYLOAD_FILE = "payload.pkl"
 
 
 @contextmanager
-def staged_payload(payload: bytes, prefix: str = "mlflow-hvd-") -> Iterator[str]:
-    """Write ``payload`` to a private (0600) file in a new temporary directory; yields its
-    path and removes the directory on exit."""
-    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+def staged_payload(payload: bytes, kind: str = "job") -> Iterator[str]:
+    """Write ``payload`` to a private (0600) file in a new scratch directory of this process
+    (:mod:`mlflow_hvd.scratch`: removed on exit, or by the next job if we are killed);
+    yields its path."""
+    with scratch.owned_dir(kind) as tmp:
         path = os.path.join(tmp, PAYLOAD_FILE)
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(payload)

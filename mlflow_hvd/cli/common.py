@@ -85,3 +85,26 @@ def exit_status(main: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("interrupted; the MLflow run was ended KILLED", file=sys.stderr)
         return 130
+
+
+def add_runner_options(p: argparse.ArgumentParser) -> None:
+    """The HorovodRunner options both entry points take."""
+    p.add_argument(
+        "--spark-master",
+        default="auto",
+        help="Spark master for np>0, e.g. spark://host:7077; 'auto' (default): "
+        "Spark's own settings (PYSPARK_SUBMIT_ARGS, spark-defaults.conf, "
+        "MASTER), else an embedded local[N]",
+    )
+    p.add_argument(
+        "--max-failures",
+        type=whole_number,
+        default=0,
+        help="restart a failed job (each sweep trial) up to N times, resuming from its "
+        "latest checkpoint (default 0)",
+    )
+
+
+def runner_options(args: argparse.Namespace) -> dict[str, Any]:
+    """HorovodRunner keyword arguments from :func:`add_runner_options`' flags."""
+    return {"spark_master": args.spark_master, "max_failures": args.max_failures}

@@ -17,9 +17,11 @@ import sys
 
 from mlflow_hvd.cli.common import (
     DEFAULT_TRAIN,
+    add_runner_options,
     exit_status,
     load_function,
     prepare_environment,
+    runner_options,
     use_default_store,
     whole_number,
 )
@@ -49,13 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="stop after N trials without a new best (0: never)",
     )
     p.add_argument("--parent-run-id", default="")
-    p.add_argument(
-        "--spark-master",
-        default="auto",
-        help="Spark master for np>0, e.g. spark://host:7077; 'auto' (default): "
-        "Spark's own settings (PYSPARK_SUBMIT_ARGS, spark-defaults.conf, "
-        "MASTER), else an embedded local[N]",
-    )
+    add_runner_options(p)
     p.add_argument(
         "--train",
         default=DEFAULT_TRAIN,
@@ -92,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         early_stop_rounds=args.early_stop_rounds or None,
         parent_run_id=args.parent_run_id or None,
         fixed_params={"epochs": args.epochs},
-        runner_options={"spark_master": args.spark_master},
+        runner_options=runner_options(args),
     )
     print(
         f"\nsweep run {result.parent_run_id}: {result.trials} trials "

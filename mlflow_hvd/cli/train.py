@@ -18,9 +18,11 @@ import time
 
 from mlflow_hvd.cli.common import (
     DEFAULT_TRAIN,
+    add_runner_options,
     exit_status,
     load_function,
     prepare_environment,
+    runner_options,
     use_default_store,
     whole_number,
 )
@@ -50,13 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="'digits' (scikit-learn's bundled set) or a Parquet dataset directory",
     )
     p.add_argument("--seed", type=whole_number, default=0)
-    p.add_argument(
-        "--spark-master",
-        default="auto",
-        help="Spark master for np>0, e.g. spark://host:7077; 'auto' (default): "
-        "Spark's own settings (PYSPARK_SUBMIT_ARGS, spark-defaults.conf, "
-        "MASTER), else an embedded local[N]",
-    )
+    add_runner_options(p)
     p.add_argument(
         "--train",
         default=DEFAULT_TRAIN,
@@ -77,6 +73,8 @@ def validate(args: argparse.Namespace) -> list[str]:
         problems.append(f"epochs={args.epochs}: must be at least 1")
     if args.batch_size < 1:
         problems.append(f"batch_size={args.batch_size}: must be at least 1")
+    if args.max_failures < 0:
+        problems.append(f"max_failures={args.max_failures}: must be 0 (no restart) or more")
     if not args.learning_rate > 0:
         problems.append(f"learning_rate={args.learning_rate}: must be a positive number")
     if args.data != "digits" and not os.path.exists(args.data):
@@ -102,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     uri = use_default_store()
     t0 = time.monotonic()
-    runner = HorovodRunner(np=args.np, spark_master=args.spark_master)
+    runner = HorovodRunner(np=args.np, **runner_options(args))
     data = args.data if args.data == "digits" else os.path.abspath(args.data)
     params = {
         "np": args.np,

@@ -8,13 +8,14 @@ import socket
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend, JobSpec
 from mlflow_hvd.channel import ChannelServer
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
-from mlflow_hvd.messages import LayoutReport
+from mlflow_hvd.messages import LayoutReport, UndeliveredTracking
 
 
 def run_job(
@@ -26,11 +27,13 @@ def run_job(
     description: str,
     out: TextIO | None = None,
     job_id: str | None = None,
+    on_undelivered: Callable[[UndeliveredTracking], None] | None = None,
 ) -> bytes:
     """Run one job to completion and return rank 0's cloudpickled return value.
 
     Starts the channel and rendezvous servers and the backend, supervises the job, and
-    always stops all three before returning or raising.
+    always stops all three before returning or raising. Tracking records rank 0 could not
+    deliver are passed to ``on_undelivered`` as they arrive.
 
     Raises:
         WorkerFailedError: A rank raised, exited non-zero or was killed.
@@ -46,6 +49,9 @@ def run_job(
             mismatch = rendezvous.on_layout(message)
             if mismatch is not None:
                 events.put(mismatch)
+        elif isinstance(message, UndeliveredTracking):
+            if on_undelivered is not None:
+                on_undelivered(message)
         else:
             events.put(message)
 

@@ -19,7 +19,10 @@ from mlflow_hvd.messages import Payload, TrackingTarget
 
 
 def dumps_payload(
-    main: Callable[..., Any], kwargs: dict[str, Any], target: TrackingTarget | None = None
+    main: Callable[..., Any],
+    kwargs: dict[str, Any],
+    target: TrackingTarget | None = None,
+    attempt: int = 0,
 ) -> bytes:
     """cloudpickle ``(main, kwargs)``; the caller's own modules go by value.
 
@@ -42,7 +45,7 @@ def dumps_payload(
         except OSError:
             source_text = ""
     try:
-        return cloudpickle.dumps(Payload(main, kwargs, source_file, source_text, target))
+        return cloudpickle.dumps(Payload(main, kwargs, source_file, source_text, target, attempt))
     except Exception as exc:
         raise ConfigurationError(
             f"cannot pickle main or its kwargs for the workers: {type(exc).__name__}: {exc}"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
 import horovod.tensorflow as hvd
 import keras
 
-from mlflow_hvd import tracking
+from mlflow_hvd import scratch, tracking
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.tracking import checkpoints
 
@@ -40,6 +39,7 @@ class MlflowCallback(keras.callbacks.Callback):
         self.extra_params = dict(params or {})
         self._global_step = 0
         self._steps_per_epoch = 0
+        self._logged_up_to = -1  # a restarted attempt skips steps its predecessor logged
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if not tracking.is_logging_rank():
@@ -55,6 +55,8 @@ class MlflowCallback(keras.callbacks.Callback):
             params["opt_name"] = type(opt).__name__
             params["opt_learning_rate"] = float(keras.ops.convert_to_numpy(opt.learning_rate))
         params.update(self.extra_params)
+        if self.log_every_n_steps:
+            self._logged_up_to = tracking.max_logged_step("step_")
         # keep_existing: a resumed run keeps the values of its first attempt
         tracking.log_params({k: v for k, v in params.items() if v is not None}, keep_existing=True)
 
@@ -65,7 +67,13 @@ class MlflowCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._global_step += 1
         n = self.log_every_n_steps
-        if n and logs and self._global_step % n == 0 and tracking.is_logging_rank():
+        if (
+            n
+            and logs
+            and self._global_step % n == 0
+            and self._global_step > self._logged_up_to
+            and tracking.is_logging_rank()
+        ):
             # values go to the queue as they are; the logging thread converts them
             tracking.log_metrics({f"step_{k}": v for k, v in logs.items()}, step=self._global_step)
 
@@ -101,7 +109,7 @@ def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> in
         ref = checkpoints.latest(source, uri)
         if ref is not None:
             model.optimizer.build(model.trainable_variables)
-            with tempfile.TemporaryDirectory(prefix="mlflow-hvd-restore-") as tmp:
+            with scratch.owned_dir("restore") as tmp:
                 model.load_weights(checkpoints.download(ref, tmp, uri))
             initial_epoch = ref.epoch + 1
             tracking.set_tag("mlflow_hvd.resumed_from", f"{ref.run_id}@epoch_{ref.epoch}")

@@ -15,13 +15,20 @@ from mlflow_hvd.messages import OutputLines, Stream
 _lock = threading.Lock()
 _client: ChannelClient | None = None
 _rank: int = 0
+_attempt: int = 0
 
 
-def install(client: ChannelClient, rank: int) -> None:
+def install(client: ChannelClient, rank: int, attempt: int = 0) -> None:
     """Called by the worker entry point before the user's function runs."""
-    global _client, _rank
+    global _client, _rank, _attempt
     with _lock:
-        _client, _rank = client, rank
+        _client, _rank, _attempt = client, rank, attempt
+
+
+def attempt() -> int:
+    """Which run of the job this is: 0 the first, k after k restarts
+    (``HorovodRunner(max_failures=...)``). 0 outside a worker."""
+    return _attempt
 
 
 def log_to_driver(message: str) -> None:
@@ -38,4 +45,4 @@ def log_to_driver(message: str) -> None:
     client.send(OutputLines(_rank, Stream.LOG, (str(message),)))
 
 
-__all__ = ["install", "log_to_driver"]
+__all__ = ["attempt", "install", "log_to_driver"]

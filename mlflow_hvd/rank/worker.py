@@ -13,7 +13,6 @@ Spark task or driver never leaves it behind.
 
 from __future__ import annotations
 
-import contextlib
 import linecache
 import os
 import signal
@@ -26,10 +25,12 @@ import traceback
 import cloudpickle
 
 from mlflow_hvd.channel import ChannelClient
+from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.messages import Bootstrap, Payload, WorkerError, WorkerResult, WorkerStarted
 from mlflow_hvd.procs import set_parent_death_signal
 from mlflow_hvd.rank import context
 from mlflow_hvd.tracking import rank_logger as tracking
+from mlflow_hvd.tracking import records
 
 EXIT_USER_ERROR = 1
 EXIT_ORPHANED = 70
@@ -60,11 +61,14 @@ def main() -> int:
     client = ChannelClient(
         boot.driver_host, boot.driver_port, bytes.fromhex(boot.secret_hex), boot.channel_timeout
     )
+    global _client
+    _client = client
     context.install(client, rank)
     client.send(WorkerStarted(rank, host))
     try:
         with open(boot.payload_path, "rb") as f:
             payload: Payload = cloudpickle.load(f)
+        context.install(client, rank, payload.attempt)
         _register_source(payload)
         local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
         tracking.configure(payload.tracking, rank, local_rank, host)
@@ -74,12 +78,13 @@ def main() -> int:
             if exc.code not in (0, None):
                 raise
             value = None
-        tracking.shutdown()  # nothing logged is lost: flush before reporting success
+        _finish_tracking(client, strict=True)  # before reporting success: nothing is lost
         if rank == 0:
             client.send(WorkerResult(rank, cloudpickle.dumps(value)))
     except BaseException as exc:
-        with contextlib.suppress(Exception):
-            tracking.shutdown()  # keep what was logged up to the failure
+        # keep what was logged up to the failure; the job is going down: hand the rest to
+        # the driver soon rather than keep the other ranks' stop waiting
+        _finish_tracking(client, strict=False, timeout=SIGTERM_DRAIN)
         return _report(client, rank, host, exc)
     finally:
         sys.stdout.flush()
@@ -90,14 +95,50 @@ def main() -> int:
 _source_file = ""
 
 
+_client: ChannelClient | None = None
+SIGTERM_DRAIN = 2.0  # seconds a stopped rank 0 gives MLflow before handing records over
+
+
+def _finish_tracking(client: ChannelClient, strict: bool, timeout: float | None = None,
+                     lock_timeout: float | None = None) -> None:
+    """Deliver rank 0's queued records; hand what the server did not take to the driver.
+
+    Raises:
+        TrackingError: With ``strict``, records the store refused (not an outage).
+    """
+    try:
+        undelivered, refusal = tracking.shutdown(timeout)
+    except Exception as exc:  # tracking itself broke: say so, never hide it
+        if strict:
+            raise
+        sys.stderr.write(f"mlflow_hvd: final delivery to MLflow failed: {exc}\n")
+        return
+    if undelivered is not None:
+        what = records.describe(records.count([list(r) for r in undelivered.records]))
+        sys.stderr.write(
+            f"mlflow_hvd: {what} did not reach the tracking server "
+            f"{undelivered.tracking_uri} ({undelivered.reason}); handing them to the driver\n"
+        )
+        try:
+            client.send(undelivered, lock_timeout=lock_timeout)
+        except Exception as exc:
+            sys.stderr.write(f"mlflow_hvd: LOST {what}: cannot hand them to the driver: {exc}\n")
+    if refusal:
+        if strict:
+            raise TrackingError(refusal)
+        sys.stderr.write(f"mlflow_hvd: {refusal}\n")
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
-    """Stopped by the driver: send what is queued for MLflow, then die of the signal.
+    """Stopped by the driver: deliver what is queued for MLflow (hand the rest to the
+    driver), then die of the signal.
 
     Runs only when the main thread executes Python; a rank stuck in a collective is ended
-    by the SIGKILL that follows after ``stop_grace``.
+    by the SIGKILL that follows after ``stop_grace``. Never blocks on a lock the interrupted
+    code may hold: the tracking state uses re-entrant locks, the channel a bounded wait.
     """
-    with contextlib.suppress(Exception):
-        tracking.shutdown(timeout=2.0)
+    if _client is not None:
+        _finish_tracking(_client, strict=False, timeout=SIGTERM_DRAIN, lock_timeout=1.0)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from mlflow_hvd import scratch
 from mlflow_hvd.tracking import rank_logger as tracking
 
 CHECKPOINT_DIR = "checkpoints"
@@ -58,7 +58,7 @@ def save(
     """
     if not tracking.is_logging_rank():
         return
-    with tempfile.TemporaryDirectory(prefix="mlflow-hvd-ckpt-") as tmp:
+    with scratch.owned_dir("ckpt") as tmp:
         model_path = os.path.join(tmp, MODEL_FILE)
         model.save(model_path)
         metrics_path = os.path.join(tmp, METRICS_FILE)

@@ -10,18 +10,18 @@ the caller started is tagged but left for the caller to end.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
 import platform
-import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from mlflow_hvd.deadline import DeadlineExceeded, call_within
-from mlflow_hvd.errors import Terminated, WorkerFailedError
+from mlflow_hvd.errors import RetriesExhaustedError, Terminated, WorkerFailedError
 from mlflow_hvd.messages import TrackingTarget
+from mlflow_hvd.tracking import undelivered
+from mlflow_hvd.tracking.delivery import is_outage
 from mlflow_hvd.tracking.rank_logger import check_server_reachable
 
 TAG_PREFIX = "mlflow_hvd."
@@ -85,9 +85,12 @@ def store_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///"):
         yield
         return
-    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
-    path = os.path.join(tempfile.gettempdir(), f"mlflow-hvd-store-{digest}.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    folder = os.path.dirname(uri[len("sqlite:///"):]) or "."
+    try:  # lock the store's directory: no lock file is left behind
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # no such directory: MLflow itself will say so
+        yield
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
         yield
@@ -101,6 +104,7 @@ def driver_run(
     backend: Mapping[str, str],
     system_metrics: bool = False,
     bookkeeping_timeout: float = 30.0,
+    undelivered_dir: str | None = None,
 ) -> Iterator[TrackingTarget]:
     """Resolve or start the job's MLflow run; end it with the right status if we started it.
 
@@ -133,8 +137,10 @@ def driver_run(
         run_id=run_id,
         experiment_id=run.info.experiment_id,
         system_metrics=system_metrics,
+        drain_timeout=bookkeeping_timeout,
     )
-    ending = _Ending(client, run_id, owned, bookkeeping_timeout)
+    ending = _Ending(client, target, owned, bookkeeping_timeout,
+                     undelivered_dir or undelivered.default_root())
     try:
         yield target
     except KeyboardInterrupt as exc:
@@ -151,52 +157,64 @@ def driver_run(
 
 
 class _Ending:
-    """Ends the driver's run: tags, ``error.txt`` and status, all within one deadline."""
+    """Ends the driver's run: tags, ``error.txt`` and status, all within one deadline.
 
-    def __init__(self, client: Any, run_id: str, owned: bool, timeout: float) -> None:
-        self.client, self.run_id, self.owned, self.timeout = client, run_id, owned, timeout
+    What the server did not take in time is saved for replay (:mod:`.undelivered`)."""
+
+    def __init__(
+        self, client: Any, target: TrackingTarget, owned: bool, timeout: float, root: str
+    ) -> None:
+        self.client, self.target, self.owned = client, target, owned
+        self.timeout, self.root = timeout, root
         self.done: list[str] = []
 
     def close(self, status: str, tags: Mapping[str, str], error_text: str = "") -> None:
-        todo = [
-            *(["tags " + ", ".join(sorted(tags))] if tags else []),
-            *(["error.txt"] if error_text else []),
-            *([f"status {status}"] if self.owned else []),
-        ]
+        run_id = self.target.run_id
+        steps = {
+            **({"tags " + ", ".join(sorted(tags)): [["tag", k, v] for k, v in tags.items()]}
+               if tags else {}),
+            **({"error.txt": [["artifact", "error.txt", ""]]} if error_text else {}),
+            **({f"status {status}": [["status", status]]} if self.owned else {}),
+        }
         try:
-            call_within(
-                self.timeout, "ending the MLflow run", self._write, status, tags, error_text
-            )
-        except DeadlineExceeded:
-            missing = [t for t in todo if t not in self.done]
-            log.warning(
-                "mlflow_hvd: the tracking server did not answer within %gs while ending run "
-                "%s; not recorded: %s%s",
-                self.timeout,
-                self.run_id,
-                "; ".join(missing),
-                " (the run stays RUNNING in MLflow)" if self.owned else "",
-            )
+            call_within(self.timeout, "ending the MLflow run", self._write, status, tags,
+                        error_text)
         except Exception as err:
+            missing = [name for name in steps if name not in self.done]
+            if not isinstance(err, DeadlineExceeded) and not is_outage(err):
+                log.warning("mlflow_hvd: the tracking store refused to end run %s (not "
+                            "recorded: %s): %s", run_id, "; ".join(missing), err)
+                return
+            why = (f"did not answer within {self.timeout:g}s"
+                   if isinstance(err, DeadlineExceeded) else f"failed ({err})")
+            path = undelivered.save(
+                self.root, run_id, self.target.tracking_uri,
+                [r for name in missing for r in steps[name]],
+                [("error.txt", error_text.encode())] if "error.txt" in missing else [],
+            )
             log.warning(
-                "mlflow_hvd: could not set the status of run %s to %s: %s", self.run_id, status, err
+                "mlflow_hvd: the tracking server %s while ending run "
+                "%s; not recorded: %s%s. Saved in %s; send with: python -m "
+                "mlflow_hvd.tracking.replay %s", why, run_id, "; ".join(missing),
+                " (the run stays RUNNING in MLflow until then)" if self.owned else "",
+                path, path,
             )
         finally:
             if self.owned:
-                _forget_active_run(self.run_id)
+                _forget_active_run(run_id)
 
     def _write(self, status: str, tags: Mapping[str, str], error_text: str) -> None:
+        from mlflow.entities import RunTag
+
+        run_id = self.target.run_id
         if tags:
-            record_failure_tags(self.client, self.run_id, tags)
+            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             self.done.append("tags " + ", ".join(sorted(tags)))
         if error_text:
-            try:
-                self.client.log_text(self.run_id, error_text, "error.txt")
-            except Exception as err:
-                log.warning("could not store error.txt in run %s: %s", self.run_id, err)
+            self.client.log_text(run_id, error_text, "error.txt")
             self.done.append("error.txt")
         if self.owned:
-            self.client.set_terminated(self.run_id, status)
+            self.client.set_terminated(run_id, status)
             self.done.append(f"status {status}")
 
 
@@ -215,6 +233,9 @@ def failure_tags(exc: BaseException) -> dict[str, str]:
     """Tags naming the failing rank and root cause."""
     first_line = str(exc).splitlines()[0] if str(exc) else ""
     tags = {f"{TAG_PREFIX}error": f"{type(exc).__name__}: {first_line}"[:4000]}
+    if isinstance(exc, RetriesExhaustedError):
+        tags[f"{TAG_PREFIX}failed_attempts"] = str(len(exc.failures))
+        exc = exc.last
     if isinstance(exc, WorkerFailedError):
         tags[f"{TAG_PREFIX}failed_rank"] = str(exc.rank)
         tags[f"{TAG_PREFIX}failed_host"] = exc.host

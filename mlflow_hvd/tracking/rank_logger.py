@@ -4,11 +4,12 @@ Every function goes through one gate, :func:`is_logging_rank`. On rank 0 they wr
 driver's MLflow run (its id and tracking URI travel with the job) through
 :class:`mlflow.MlflowClient`, never starting or ending a run on the worker.
 
-Params, metrics and tags are queued and sent by a background thread in batches
-(``log_batch``), so per-step logging does not stall training; :func:`flush` waits for
-everything queued, and the worker flushes before it exits, even when ``main`` raised. An
-error in the background thread is raised by the next :func:`flush`, never swallowed.
-Artifacts and models are written synchronously.
+Training never waits for MLflow: params, metrics, tags, artifacts (copied first, so the
+caller may delete its file) and checkpoints become ordered records that a background thread
+delivers (:mod:`.delivery`), buffering them through a tracking-server outage. :func:`flush`
+waits for what was queued; the worker delivers what is left before it exits, within the
+job's ``tracking_timeout``, and hands anything undelivered to the driver, which saves it for
+replay (:mod:`.replay`). Only :func:`log_model` talks to the server synchronously.
 
 Outside a HorovodRunner job (no tracking target) every function is a no-op.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
+import shutil
 import socket
 import tempfile
 import threading
@@ -27,32 +28,40 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from mlflow_hvd import scratch
 from mlflow_hvd.errors import ConfigurationError, TrackingError
-from mlflow_hvd.messages import TrackingTarget
+from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
+from mlflow_hvd.tracking.delivery import Delivery, is_outage
 
-_MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
-_FLUSH_INTERVAL = 2.0  # seconds between background sends; flush() sends at once
 SERVER_CONNECT_TIMEOUT = 10.0  # seconds rank 0 gives the tracking server to accept
+# MLflow's HTTP client retries for minutes by default; rank 0 retries by itself (with no
+# limit on time while training) so each call is kept short. Set them to override.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
 
 
-class _AsyncLogger:
-    """Batches metrics/params/tags and sends them with ``log_batch`` from one thread."""
+class _RankLogger:
+    """Rank 0's logging state: the delivery thread, its spool and the params it knows."""
 
     def __init__(self, target: TrackingTarget) -> None:
         from mlflow import MlflowClient
 
         self.target = target
         self.client = MlflowClient(tracking_uri=target.tracking_uri)
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._error: BaseException | None = None
         # Params already in the run (e.g. logged by `mlflow run`): same value is a no-op,
         # a different one is refused here rather than failing later in the background.
-        self._params: dict[str, str] = dict(self.client.get_run(target.run_id).data.params)
-        self._thread = threading.Thread(target=self._loop, name="mlflow-hvd-logger", daemon=True)
-        self._thread.start()
-
-    def put(self, kind: str, item: Any) -> None:
-        self._queue.put((kind, item))
+        # During an outage they are unknown; the store then refuses a conflict itself.
+        self._params: dict[str, str] = {}
+        try:
+            self._params = dict(self.client.get_run(target.run_id).data.params)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+        self.spool = scratch.new_dir("spool")
+        self.delivery = Delivery(target, self.client, self.spool)
 
     def check_param(self, key: str, value: str, keep_existing: bool = False) -> bool:
         """True if the param must be sent; False if already logged (with this value, or with
@@ -68,76 +77,23 @@ class _AsyncLogger:
             )
         return False
 
-    def flush(self, timeout: float = 120.0) -> None:
-        done = threading.Event()
-        self._queue.put(("flush", done))
-        if not done.wait(timeout):
-            raise TrackingError(
-                f"MLflow logging did not drain within {timeout:g}s; is the tracking server "
-                f"at {self.target.tracking_uri} reachable?"
-            )
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise TrackingError(f"logging to MLflow run {self.target.run_id} failed: {error}")
+    def flush(self, timeout: float | None = None) -> None:
+        self.delivery.flush(self.target.drain_timeout if timeout is None else timeout)
 
-    def _loop(self) -> None:
-        from mlflow.entities import Metric, Param, RunTag
-
-        metrics: list[Metric] = []
-        params: list[Param] = []
-        tags: list[RunTag] = []
-        last_send = time.monotonic()
-        while True:
-            try:
-                kind, item = self._queue.get(timeout=_FLUSH_INTERVAL)
-            except queue.Empty:
-                kind, item = "tick", None
-            if kind == "metric":
-                key, value, ts, step = item
-                # float() here, off the training thread: it may have to wait for a tensor
-                metrics.append(Metric(key, float(value), ts, step))
-            elif kind == "param":
-                params.append(Param(*item))
-            elif kind == "tag":
-                tags.append(RunTag(*item))
-            full = (
-                len(metrics) >= _MAX_METRICS
-                or len(params) >= _MAX_PARAMS
-                or (len(tags) >= _MAX_TAGS)
-            )
-            due = time.monotonic() - last_send >= _FLUSH_INTERVAL
-            if kind == "flush" or full or (due and (metrics or params or tags)):
-                try:
-                    self._send(metrics, params, tags)
-                except Exception as exc:  # reported by the next flush()
-                    self._error = self._error or exc
-                metrics, params, tags = [], [], []
-                last_send = time.monotonic()
-            if kind == "flush":
-                item.set()
-
-    def _send(self, metrics: list[Any], params: list[Any], tags: list[Any]) -> None:
-        run_id = self.target.run_id
-        while metrics or params or tags:
-            self.client.log_batch(
-                run_id,
-                metrics=metrics[:_MAX_METRICS],
-                params=params[:_MAX_PARAMS],
-                tags=tags[:_MAX_TAGS],
-                synchronous=True,
-            )
-            metrics, params, tags = (
-                metrics[_MAX_METRICS:],
-                params[_MAX_PARAMS:],
-                tags[_MAX_TAGS:],
-            )
+    def close(self, timeout: float, host: str) -> tuple[UndeliveredTracking | None, str]:
+        try:
+            return self.delivery.close(timeout, host)
+        finally:
+            shutil.rmtree(self.spool, ignore_errors=True)
 
 
-_lock = threading.Lock()
-_logger: _AsyncLogger | None = None
+_lock = threading.RLock()  # re-entrant: the SIGTERM handler may interrupt a holder
+_logger: _RankLogger | None = None
 _target: TrackingTarget | None = None
 _rank = 0
+_host = ""
 _monitor: Any = None
+_closing: _RankLogger | None = None
 
 
 def configure(target: TrackingTarget | None, rank: int, local_rank: int, host: str) -> None:
@@ -147,18 +103,21 @@ def configure(target: TrackingTarget | None, rank: int, local_rank: int, host: s
         TrackingError: On rank 0, a tracking server that does not accept connections from
             this host (checked before training, not after it).
     """
-    global _target, _rank, _logger, _monitor
+    global _target, _rank, _logger, _monitor, _host
     if target is not None and rank == 0:
-        check_server_reachable(target.tracking_uri, host)
+        for key, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        check_server_reachable(target.tracking_uri, f"rank 0 on host {host}")
     with _lock:
-        _target, _rank, _logger = target, rank, None
+        _target, _rank, _logger, _host = target, rank, None, host
         if target is not None and target.system_metrics and local_rank == 0:
             _monitor = _start_system_metrics(target, host)
 
 
-def check_server_reachable(uri: str, host: str, timeout: float = SERVER_CONNECT_TIMEOUT) -> None:
+def check_server_reachable(uri: str, who: str, timeout: float = SERVER_CONNECT_TIMEOUT) -> None:
     """Fail fast when an HTTP tracking server cannot be reached from this host (MLflow's
-    own client would retry with backoff for minutes)."""
+    own client would retry with backoff for minutes). ``who``: "the driver", "rank 0 on
+    host X"."""
     parsed = urllib.parse.urlsplit(uri)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         return
@@ -167,23 +126,32 @@ def check_server_reachable(uri: str, host: str, timeout: float = SERVER_CONNECT_
         socket.create_connection((parsed.hostname, port), timeout=timeout).close()
     except OSError as exc:
         raise TrackingError(
-            f"rank 0 on host {host} cannot reach the MLflow tracking server {uri} within "
+            f"{who} cannot reach the MLflow tracking server {uri} within "
             f"{timeout:g}s: {exc}. Executors must reach MLFLOW_TRACKING_URI: use an address "
             "of the server that every node can connect to (not localhost), and open its port"
         ) from exc
 
 
-def shutdown(timeout: float = 120.0) -> None:
-    """Flush and stop (called by the worker entry point after the user's function)."""
-    global _logger, _monitor
+def shutdown(timeout: float | None = None) -> tuple[UndeliveredTracking | None, str]:
+    """Deliver what is queued within ``timeout`` (default: the job's ``tracking_timeout``)
+    and stop. Called by the worker entry point after the user's function, on every path.
+
+    Returns:
+        (what could not be delivered, or None; a refusal message, or "").
+    """
+    global _logger, _monitor, _closing
     with _lock:
         logger, monitor = _logger, _monitor
         _logger = _monitor = None
+        if logger is None:  # a SIGTERM during a shutdown: finish that one, sooner
+            logger = _closing
+        _closing = logger
     if monitor is not None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # system metrics are samples, not the job's data
             monitor.finish()
-    if logger is not None:
-        logger.flush(timeout)
+    if logger is None:
+        return None, ""
+    return logger.close(logger.target.drain_timeout if timeout is None else timeout, _host)
 
 
 def _start_system_metrics(target: TrackingTarget, host: str) -> Any:
@@ -212,7 +180,7 @@ def tracking_target() -> TrackingTarget | None:
     return _target
 
 
-def _require() -> _AsyncLogger | None:
+def _require() -> _RankLogger | None:
     """The logger on the logging rank (created on first use: a job that never logs does
     not pay for importing MLflow in its workers), None elsewhere."""
     global _logger
@@ -222,7 +190,7 @@ def _require() -> _AsyncLogger | None:
         return _logger
     with _lock:
         if _logger is None and _target is not None:
-            _logger = _AsyncLogger(_target)
+            _logger = _RankLogger(_target)
         return _logger
 
 
@@ -244,7 +212,7 @@ def log_params(params: Mapping[str, Any], keep_existing: bool = False) -> None:
     for key, value in params.items():
         text = str(value)
         if logger.check_param(key, text, keep_existing):
-            logger.put("param", (key, text))
+            logger.delivery.put(["param", key, text])
 
 
 def log_metric(key: str, value: float, step: int | None = None) -> None:
@@ -253,13 +221,14 @@ def log_metric(key: str, value: float, step: int | None = None) -> None:
 
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
-    """Queue metric values at ``step`` (rank 0 only); sent asynchronously in batches."""
+    """Queue metric values at ``step`` (rank 0 only). Values may be tensors: they are
+    converted off the training thread."""
     logger = _require()
     if logger is None:
         return
     ts = int(time.time() * 1000)
     for key, value in metrics.items():
-        logger.put("metric", (key, value, ts, int(step or 0)))
+        logger.delivery.put(["metric", key, value, ts, int(step or 0)])
 
 
 def set_tag(key: str, value: Any) -> None:
@@ -273,21 +242,29 @@ def set_tags(tags: Mapping[str, Any]) -> None:
     if logger is None:
         return
     for key, value in tags.items():
-        logger.put("tag", (key, str(value)))
+        logger.delivery.put(["tag", key, str(value)])
 
 
 def log_artifact(local_path: str, artifact_path: str | None = None) -> None:
-    """Upload a file to the run's artifacts (rank 0 only, synchronous)."""
+    """Upload a file to the run's artifacts (rank 0 only). The file is copied at once and
+    uploaded in order with the other records."""
     logger = _require()
     if logger is not None:
-        logger.client.log_artifact(logger.target.run_id, local_path, artifact_path)
+        staged = logger.delivery.stage_file(local_path)
+        logger.delivery.put(["artifact", staged, artifact_path or ""])
 
 
 def log_artifacts(local_dir: str, artifact_path: str | None = None) -> None:
-    """Upload a directory to the run's artifacts (rank 0 only, synchronous)."""
+    """Upload a directory's files to the run's artifacts, keeping its layout (rank 0 only)."""
     logger = _require()
-    if logger is not None:
-        logger.client.log_artifacts(logger.target.run_id, local_dir, artifact_path)
+    if logger is None:
+        return
+    for root, _, files in sorted(os.walk(local_dir)):
+        rel = os.path.relpath(root, local_dir)
+        parts = [p for p in (artifact_path, None if rel == "." else rel) if p]
+        for name in sorted(files):
+            staged = logger.delivery.stage_file(os.path.join(root, name))
+            logger.delivery.put(["artifact", staged, "/".join(parts)])
 
 
 def log_dict(data: Mapping[str, Any], artifact_file: str) -> None:
@@ -295,16 +272,23 @@ def log_dict(data: Mapping[str, Any], artifact_file: str) -> None:
     logger = _require()
     if logger is None:
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, os.path.basename(artifact_file))
-        with open(path, "w") as f:
-            json.dump(dict(data), f, indent=2, default=str)
-        parent = os.path.dirname(artifact_file) or None
-        logger.client.log_artifact(logger.target.run_id, path, parent)
+    folder = scratch_file_dir(logger)
+    path = os.path.join(folder, os.path.basename(artifact_file))
+    with open(path, "w") as f:
+        json.dump(dict(data), f, indent=2, default=str)
+    logger.delivery.put(["artifact", path, os.path.dirname(artifact_file)])
+
+
+def scratch_file_dir(logger: _RankLogger) -> str:
+    """A new folder in the spool for a file to upload (removed once uploaded)."""
+    return tempfile.mkdtemp(dir=logger.spool)
 
 
 def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     """Log a Keras model as an MLflow model (a LoggedModel linked to the run), rank 0 only.
+
+    Synchronous: waits (within the job's ``tracking_timeout``) for everything queued, then
+    uploads; against an unreachable server it raises after MLflow's HTTP retries.
 
     Returns:
         ``mlflow.models.model.ModelInfo`` on rank 0, None elsewhere.
@@ -330,20 +314,41 @@ def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any]) -> 
     logger = _require()
     if logger is None:
         return
-    from mlflow.entities import Metric, RunTag
-
-    logger.flush()
     ts = int(time.time() * 1000)
-    logger.client.log_batch(
-        logger.target.run_id,
-        metrics=[Metric(k, float(v), ts, int(step)) for k, v in metrics.items()],
-        tags=[RunTag(k, str(v)) for k, v in tags.items()],
-        synchronous=True,
+    logger.delivery.put(
+        [
+            "commit",
+            [[k, float(v), ts, int(step)] for k, v in metrics.items()],
+            [[k, str(v)] for k, v in tags.items()],
+        ]
     )
 
 
-def flush() -> None:
-    """Wait until everything queued so far is in the tracking store (rank 0 only)."""
+def max_logged_step(prefix: str) -> int:
+    """Rank 0: the highest step the run already has for metrics named ``prefix*`` (-1 if
+    none, or if the server cannot say), so that a restarted attempt does not log a step
+    twice. -1 on other ranks."""
+    logger = _require()
+    if logger is None:
+        return -1
+    try:
+        run = logger.client.get_run(logger.target.run_id)
+        keys = [k for k in run.data.metrics if k.startswith(prefix)]
+        steps = [m.step for k in keys for m in logger.client.get_metric_history(run.info.run_id, k)]
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        return -1
+    return max(steps, default=-1)
+
+
+def flush(timeout: float | None = None) -> None:
+    """Wait until everything queued so far is in the tracking store (rank 0 only).
+
+    Raises:
+        TrackingError: Not delivered within ``timeout`` (default: the job's
+            ``tracking_timeout``; the records stay queued), or refused by the store.
+    """
     logger = _require()
     if logger is not None:
-        logger.flush()
+        logger.flush(timeout)

@@ -60,7 +60,7 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
         try:
             client.send(LayoutReport(partition, slots))
             iface = job.gloo_iface or iface_towards(job.driver_host)
-            with staged_payload(job.payload, prefix="mlflow-hvd-task-") as payload_path:
+            with staged_payload(job.payload, kind="task") as payload_path:
                 launch = worker_launch(
                     job,
                     slots[partition],

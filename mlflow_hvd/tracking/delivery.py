@@ -1,0 +1,308 @@
+"""Rank 0's delivery of tracking records to the MLflow server: ordered, never blocking
+training, surviving an outage.
+
+Training threads only :meth:`Delivery.put` records; one background thread sends them in
+order (:mod:`.records`). While the server is unreachable the thread keeps the records,
+up to ``memory_limit`` in memory and the rest appended to a spill file in the rank's scratch
+directory, and retries with backoff; when the server is back everything is delivered in
+order. A batch whose answer was lost is sent again, which MLflow deduplicates.
+
+A record the server *refuses* (not an outage: e.g. a run that is no longer active) is
+dropped with its count and the first error, raised by the next :meth:`flush`.
+
+At the end, :meth:`close` waits up to a deadline; what is still undelivered is returned as
+an :class:`~mlflow_hvd.messages.UndeliveredTracking` (records plus the bytes of pending
+artifact files), for the worker to hand to the driver, which saves it for replay.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+import threading
+import time
+from typing import Any
+
+from mlflow_hvd.errors import TrackingError
+from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
+from mlflow_hvd.tracking import records as rec
+from mlflow_hvd.tracking.records import Record
+
+SEND_INTERVAL = 2.0  # seconds between background sends; flush() sends at once
+BACKOFF_MIN, BACKOFF_MAX = 0.5, 5.0
+MEMORY_LIMIT = 10_000  # records kept in memory during an outage; the rest go to disk
+_OUTAGE_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED",
+                 "DEADLINE_EXCEEDED", "ABORTED"}
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for errors that mean "the server is unreachable or overloaded" (retry later),
+    False for a refusal (a bad request, an inactive run: retrying cannot help)."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, MlflowException):
+        return exc.error_code in _OUTAGE_CODES
+    return isinstance(exc, OSError | TimeoutError | ConnectionError)
+
+
+class Delivery:
+    """The background sender of one rank-0 process (see the module docstring)."""
+
+    def __init__(self, target: TrackingTarget, client: Any, spool_dir: str,
+                 memory_limit: int = MEMORY_LIMIT) -> None:
+        self.target = target
+        self.client = client
+        self.spool_dir = spool_dir
+        self._memory_limit = memory_limit
+        self._cond = threading.Condition()
+        self._inbox: collections.deque[Record] = collections.deque()
+        self._memory: collections.deque[Record] = collections.deque()
+        self._spill_path = os.path.join(spool_dir, "pending.jsonl")
+        self._spill_offset = 0  # bytes of the spill file already moved to memory
+        self._spilled = 0  # records in the spill file not yet moved to memory
+        self._put = self._done = 0  # records put; records delivered or refused
+        self._flush_wanted = 0
+        self._refused: list[Record] = []
+        self._error: BaseException | None = None
+        self._outage_since: float | None = None
+        self._last_outage = ""
+        self._stopped = False
+        self._moving: list[Record] = []  # taken from the inbox, not yet pending
+        self._broken: BaseException | None = None
+        self._files = 0
+        self._thread = threading.Thread(target=self._loop, name="mlflow-hvd-delivery",
+                                        daemon=True)
+        self._thread.start()
+
+    # --- training side -----------------------------------------------------------------
+    def put(self, record: Record) -> None:
+        """Queue ``record``. A checkpoint commit is sent at once (with everything before
+        it), without waiting for the next send interval: a restart resumes from it."""
+        with self._cond:
+            self._inbox.append(record)
+            self._put += 1
+            if record[0] == "commit":
+                self._flush_wanted = self._put
+            self._cond.notify()
+
+    def stage_file(self, src: str, name: str | None = None) -> str:
+        """Copy ``src`` into the spool (the caller may delete or rewrite it at once)."""
+        self._files += 1
+        folder = os.path.join(self.spool_dir, "files", str(self._files))
+        os.makedirs(folder)
+        dst = os.path.join(folder, name or os.path.basename(src))
+        shutil.copyfile(src, dst)
+        return dst
+
+    def flush(self, timeout: float) -> None:
+        """Wait until every record put so far is delivered.
+
+        Raises:
+            TrackingError: Records were refused by the server, or the deadline passed
+                (the records stay queued and are delivered later).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            target = self._put
+            self._flush_wanted = max(self._flush_wanted, target)
+            self._cond.notify_all()
+            while self._done < target:
+                self._raise_broken()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    n = target - self._done
+                    raise TrackingError(
+                        f"MLflow logging did not drain within {timeout:g}s: {n} "
+                        f"record{'s' if n != 1 else ''} still queued for run "
+                        f"{self.target.run_id}; {self._describe_outage()}"
+                    )
+                self._cond.wait(min(left, 0.5))
+            self._raise_refused()
+
+    def close(self, timeout: float, host: str) -> tuple[UndeliveredTracking | None, str]:
+        """Deliver what is left within ``timeout`` seconds, then stop the thread.
+
+        Returns:
+            (what was not delivered, or None; the refusal message, or "").
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._flush_wanted = self._put
+            self._cond.notify_all()
+            while self._done < self._put and time.monotonic() < deadline and not self._broken:
+                self._cond.wait(min(deadline - time.monotonic(), 0.5))
+            self._stopped = True
+            self._cond.notify_all()
+            complete = self._done >= self._put
+        refusal = ""
+        try:
+            self._raise_refused()
+        except TrackingError as exc:
+            refusal = str(exc)
+        return (None if complete else self._snapshot(host)), refusal
+
+    # --- background thread -------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            self._deliver()
+        except BaseException as exc:  # a bug here must surface, not stall logging silently
+            with self._cond:
+                self._broken = exc
+                self._cond.notify_all()
+            raise
+
+    def _deliver(self) -> None:
+        backoff = BACKOFF_MIN
+        last_send = time.monotonic()
+        while True:
+            self._take_inbox()
+            with self._cond:
+                pending = bool(self._memory) or self._spilled > 0
+                wanted = self._flush_wanted > self._done
+                due = time.monotonic() - last_send >= SEND_INTERVAL
+                if self._stopped:
+                    return
+                if not pending or not (wanted or due or len(self._memory) >= rec.MAX_METRICS):
+                    if not self._inbox:
+                        self._cond.wait(SEND_INTERVAL if not pending else 0.1)
+                    continue
+                batch = self._head()
+            last_send = time.monotonic()
+            try:
+                rec.send(self.client, self.target.run_id, batch)
+            except Exception as exc:
+                if is_outage(exc):
+                    self._note_outage(exc)
+                    with self._cond:
+                        self._cond.wait(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    continue
+                self._finish(batch, refused=exc)
+            else:
+                backoff = BACKOFF_MIN
+                self._finish(batch)
+
+    def _take_inbox(self) -> None:
+        """Move records from the inbox to the pending sequence: memory, then spill file.
+
+        Metric values are converted outside the lock: a tensor may make ``float()`` wait,
+        and neither training (``put``) nor a deadline (``flush``) must wait with it."""
+        with self._cond:
+            if not self._inbox:
+                return
+            self._moving = list(self._inbox)
+            self._inbox.clear()
+        for record in self._moving:
+            if record[0] == "metric":
+                record[2] = float(record[2])
+        with self._cond:
+            spill = None
+            try:
+                for record in self._moving:
+                    if self._spilled == 0 and len(self._memory) < self._memory_limit:
+                        self._memory.append(record)
+                        continue
+                    if spill is None:
+                        spill = open(self._spill_path, "a")  # noqa: SIM115 - closed below
+                    spill.write(rec.dumps(record) + "\n")
+                    self._spilled += 1
+            finally:
+                self._moving = []
+                if spill is not None:
+                    spill.close()
+
+    def _head(self) -> list[Record]:
+        if not self._memory and self._spilled:
+            self._load_spill()
+        n = rec.next_batch(self._memory)
+        return [self._memory[i] for i in range(n)]
+
+    def _load_spill(self) -> None:
+        with open(self._spill_path) as f:
+            f.seek(self._spill_offset)
+            while len(self._memory) < self._memory_limit and self._spilled:
+                line = f.readline()
+                if not line:
+                    break
+                self._memory.append(rec.loads(line))
+                self._spilled -= 1
+            self._spill_offset = f.tell()
+        if self._spilled == 0:  # everything moved to memory: start a new file next time
+            os.remove(self._spill_path)
+            self._spill_offset = 0
+
+    def _finish(self, batch: list[Record], refused: BaseException | None = None) -> None:
+        with self._cond:
+            for _ in batch:
+                self._memory.popleft()
+            self._done += len(batch)
+            if refused is not None:
+                self._refused.extend(batch)
+                self._error = self._error or refused
+            if self._outage_since is not None and refused is None:
+                self._outage_since = None
+            self._cond.notify_all()
+        if refused is None:
+            for r in batch:
+                if r[0] == "artifact" and r[1].startswith(self.spool_dir):
+                    with contextlib.suppress(OSError):
+                        os.remove(r[1])
+
+    def _note_outage(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._outage_since is None:
+                self._outage_since = time.time()
+            self._last_outage = str(exc).splitlines()[0][:300] if str(exc) else repr(exc)
+
+    def _describe_outage(self) -> str:
+        if self._outage_since is None:
+            return f"the tracking server at {self.target.tracking_uri} is slow to answer"
+        since = time.strftime("%H:%M:%S", time.localtime(self._outage_since))
+        return (f"the tracking server at {self.target.tracking_uri} has been unreachable "
+                f"since {since}: {self._last_outage}")
+
+    def _raise_broken(self) -> None:
+        if self._broken is not None:
+            raise TrackingError(
+                f"the MLflow delivery thread of run {self.target.run_id} failed: "
+                f"{type(self._broken).__name__}: {self._broken}"
+            ) from self._broken
+
+    def _raise_refused(self) -> None:
+        if self._error is None:
+            return
+        error, refused = self._error, self._refused
+        self._error, self._refused = None, []
+        raise TrackingError(
+            f"the tracking store refused {rec.describe(rec.count(refused))} for run "
+            f"{self.target.run_id} (not logged): {error}"
+        )
+
+    def _snapshot(self, host: str) -> UndeliveredTracking:
+        """Everything not yet delivered, in order (the batch in flight included: sending
+        it again is harmless)."""
+        with self._cond:
+            pending = list(self._memory)
+            if self._spilled:
+                with open(self._spill_path) as f:
+                    f.seek(self._spill_offset)
+                    pending.extend(rec.loads(line) for line in f if line.strip())
+            pending.extend(self._moving)
+            pending.extend(self._inbox)
+            reason = self._describe_outage()
+        files: list[tuple[str, bytes]] = []
+        out: list[tuple[Any, ...]] = []
+        for r in pending:
+            if r[0] == "metric":
+                r = [*r[:2], float(r[2]), *r[3:]]
+            if r[0] == "artifact":
+                key = f"{len(files)}/{os.path.basename(r[1])}"
+                with open(r[1], "rb") as f:
+                    files.append((key, f.read()))
+                out.append(("artifact", key, r[2]))
+            else:
+                out.append(tuple(r))
+        return UndeliveredTracking(self.target.run_id, self.target.tracking_uri, host, tuple(out),
+                           tuple(files), reason)

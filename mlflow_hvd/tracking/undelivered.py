@@ -1,0 +1,118 @@
+"""Driver side: tracking records that never reached the server, saved for replay.
+
+A bundle is a directory ``<root>/<run_id>/``::
+
+    bundle.json     {"run_id": ..., "tracking_uri": ...}
+    records.jsonl   the records, in order (see :mod:`.records`); artifact records name
+                    files relative to the bundle
+    files/...       the artifact files
+
+Rank 0's leftovers (:class:`~mlflow_hvd.messages.UndeliveredTracking`) and the driver's own
+bookkeeping that timed out (failure tags, ``error.txt``, the run's final status) are
+appended to the same bundle. :func:`replay` sends it in order once the server is back and
+removes it; sending a record twice is harmless, so a replay that fails half-way can be run
+again. From a shell: ``python -m mlflow_hvd.tracking.replay <bundle directory>``.
+
+The root is ``HorovodRunner(undelivered_dir=...)``, else ``MLFLOW_HVD_UNDELIVERED_DIR``,
+else ``$XDG_STATE_HOME/mlflow_hvd/undelivered`` (``~/.local/state/...``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from mlflow_hvd.messages import UndeliveredTracking
+from mlflow_hvd.tracking import records as rec
+
+_lock = threading.Lock()
+
+
+def default_root() -> str:
+    env = os.environ.get("MLFLOW_HVD_UNDELIVERED_DIR")
+    if env:
+        return env
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return os.path.join(state, "mlflow_hvd", "undelivered")
+
+
+def bundle_dir(root: str, run_id: str) -> str:
+    return os.path.join(root, run_id)
+
+
+def save(
+    root: str,
+    run_id: str,
+    tracking_uri: str,
+    records: Iterable[Sequence[Any]],
+    files: Iterable[tuple[str, bytes]] = (),
+) -> str:
+    """Append ``records`` (artifact records naming keys of ``files``) to the run's bundle;
+    returns the bundle's path."""
+    path = bundle_dir(root, run_id)
+    with _lock:
+        os.makedirs(os.path.join(path, "files"), exist_ok=True)
+        meta = os.path.join(path, "bundle.json")
+        if not os.path.exists(meta):
+            with open(meta, "w") as f:
+                json.dump({"run_id": run_id, "tracking_uri": tracking_uri}, f)
+        renamed: dict[str, str] = {}
+        for key, data in files:
+            n = len(os.listdir(os.path.join(path, "files")))
+            rel = os.path.join("files", str(n), os.path.basename(key))
+            os.makedirs(os.path.join(path, os.path.dirname(rel)), exist_ok=True)
+            with open(os.path.join(path, rel), "wb") as out:
+                out.write(data)
+            renamed[key] = rel
+        with open(os.path.join(path, "records.jsonl"), "a") as out:
+            for r in records:
+                r = list(r)
+                if r[0] == "artifact":
+                    r[1] = renamed.get(r[1], r[1])
+                out.write(rec.dumps(r) + "\n")
+    return path
+
+
+def save_message(root: str, message: UndeliveredTracking) -> str:
+    return save(root, message.run_id, message.tracking_uri, message.records, message.files)
+
+
+def load(path: str) -> tuple[dict[str, str], list[rec.Record]]:
+    """A bundle's metadata and its records (artifact paths made absolute)."""
+    with open(os.path.join(path, "bundle.json")) as f:
+        meta = json.load(f)
+    records = []
+    with open(os.path.join(path, "records.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                r = rec.loads(line)
+                if r[0] == "artifact":
+                    r[1] = os.path.join(path, r[1])
+                records.append(r)
+    return meta, records
+
+
+def replay(path: str, tracking_uri: str | None = None) -> dict[str, int]:
+    """Send a bundle's records in order to its run, then remove the bundle.
+
+    Raises:
+        Exception: The MLflow client's error if a call fails; the bundle is kept and the
+            replay can be run again (records already sent are deduplicated by MLflow).
+    """
+    from mlflow import MlflowClient
+
+    meta, records = load(path)
+    client = MlflowClient(tracking_uri=tracking_uri or meta["tracking_uri"])
+    i = 0
+    while i < len(records):
+        n = rec.next_batch(records[i:])
+        rec.send(client, meta["run_id"], records[i : i + n])
+        i += n
+    shutil.rmtree(path)
+    return rec.count(records)

@@ -1,10 +1,18 @@
 """The authenticated channel that carries messages from workers and tasks to the driver.
 
+Connection: the driver first sends ``MAGIC | 32-byte nonce``; the peer must answer
+``MAGIC | HMAC-SHA256(secret, HELLO + nonce)`` within ``HANDSHAKE_TIMEOUT`` seconds, and the
+driver answers one ack byte. Until then the driver reads at most 37 bytes from a peer, so a
+stranger can neither make it read a large body nor replay another connection's handshake.
+
 Frame: ``MAGIC | 8-byte body length | 32-byte HMAC-SHA256(secret, body) | body``. The
 driver verifies the HMAC with :func:`hmac.compare_digest` *before* unpickling the body, so a
 peer without the per-run secret can never make the driver unpickle anything. Every frame is
 acknowledged with one byte, which gives senders back-pressure and ordering: when
-:meth:`ChannelClient.send` returns, the driver has handled the message.
+:meth:`ChannelClient.send` returns, the driver has handled the message. Once a frame has
+begun, the rest must arrive within ``FRAME_TIMEOUT``; between frames a connection may stay
+idle (a rank trains for hours without a word) until the driver stops, which closes every
+connection.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import os
 import pickle
 import socket
 import socketserver
@@ -22,15 +31,20 @@ from collections.abc import Callable
 from typing import Any
 
 from mlflow_hvd.errors import AuthenticationError, ChannelError
+from mlflow_hvd.messages import RankDisconnected, WorkerStarted
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"MHVD1"
+MAGIC = b"MHVD2"
+HELLO = b"mlflow_hvd hello"
 _LEN = struct.Struct(">Q")
 _MAC_SIZE = 32
+_NONCE_SIZE = 32
 ACK_OK = b"\x01"
 ACK_REJECTED = b"\x00"
 DEFAULT_MAX_FRAME = 1 << 31  # 2 GiB: a rank-0 return value larger than this is refused
+HANDSHAKE_TIMEOUT = 10.0
+FRAME_TIMEOUT = 60.0
 
 
 def sign(secret: bytes, body: bytes) -> bytes:
@@ -42,6 +56,13 @@ def encode_frame(secret: bytes, message: object) -> bytes:
     """Pickle and sign one message into a frame."""
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return MAGIC + _LEN.pack(len(body)) + sign(secret, body) + body
+
+
+def handshake_reply(secret: bytes, challenge: bytes) -> bytes:
+    """The peer's answer to the driver's ``MAGIC | nonce`` challenge."""
+    if len(challenge) != len(MAGIC) + _NONCE_SIZE or not challenge.startswith(MAGIC):
+        raise AuthenticationError(f"bad challenge {challenge[:8]!r}: not an mlflow_hvd driver")
+    return MAGIC + sign(secret, HELLO + challenge[len(MAGIC):])
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -56,26 +77,60 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_frame(sock: socket.socket, secret: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> Any:
+def read_frame(
+    sock: socket.socket,
+    secret: bytes,
+    max_frame: int = DEFAULT_MAX_FRAME,
+    frame_timeout: float | None = None,
+) -> Any:
     """Read one frame, verify its signature, and only then unpickle it.
+
+    Waits for a frame to begin as long as the socket's own timeout allows; once it has,
+    the rest must arrive within ``frame_timeout`` seconds (None: the socket's timeout).
 
     Raises:
         EOFError: The peer closed the connection between frames.
         AuthenticationError: Bad magic, oversize frame or wrong signature (nothing unpickled).
+        TimeoutError: A frame began but did not complete in time.
     """
     magic = sock.recv(len(MAGIC), socket.MSG_WAITALL)
     if not magic:
         raise EOFError("connection closed")
     if magic != MAGIC:
         raise AuthenticationError(f"bad frame header {magic!r}: not an mlflow_hvd peer")
-    (length,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-    if length > max_frame:
-        raise AuthenticationError(f"frame of {length} bytes exceeds the limit of {max_frame}")
-    mac = _recv_exact(sock, _MAC_SIZE)
-    body = _recv_exact(sock, length)
+    previous = sock.gettimeout()
+    if frame_timeout is not None:
+        sock.settimeout(frame_timeout)
+    try:
+        (length,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+        if length > max_frame:
+            raise AuthenticationError(f"frame of {length} bytes exceeds the limit of {max_frame}")
+        mac = _recv_exact(sock, _MAC_SIZE)
+        body = _recv_exact(sock, length)
+    finally:
+        sock.settimeout(previous)
     if not hmac.compare_digest(mac, sign(secret, body)):
         raise AuthenticationError("message signature does not match this run's secret")
     return pickle.loads(body)
+
+
+def _check_handshake(sock: socket.socket, secret: bytes) -> None:
+    """Driver side of the handshake (reads at most ``len(MAGIC) + 32`` bytes).
+
+    Raises:
+        AuthenticationError: Bad magic or a reply not signed with this run's secret.
+        EOFError, TimeoutError: The peer left or did not answer within the deadline.
+    """
+    nonce = os.urandom(_NONCE_SIZE)
+    sock.settimeout(HANDSHAKE_TIMEOUT)
+    sock.sendall(MAGIC + nonce)
+    reply = _recv_exact(sock, len(MAGIC))
+    if reply != MAGIC:
+        raise AuthenticationError(f"bad handshake {reply!r}: not an mlflow_hvd peer")
+    mac = _recv_exact(sock, _MAC_SIZE)
+    if not hmac.compare_digest(mac, sign(secret, HELLO + nonce)):
+        raise AuthenticationError("handshake signature does not match this run's secret")
+    sock.settimeout(None)  # idle between frames is allowed; stop() closes the socket
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -83,26 +138,47 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def handle(self) -> None:
         sock: socket.socket = self.request
-        while True:
+        rank: int | None = None
+        self.server.track(sock, True)
+        try:
             try:
-                message = read_frame(sock, self.server.secret)
-            except EOFError:
-                return
+                _check_handshake(sock, self.server.secret)
             except AuthenticationError as exc:
-                self.server.note_rejected(self.client_address, exc)
-                with contextlib.suppress(OSError):
-                    sock.sendall(ACK_REJECTED)
+                self._reject(sock, exc)
                 return
-            except OSError:
+            except (OSError, EOFError):
                 return
-            try:
-                self.server.on_message(message)
-            except Exception:  # the driver's handler must not kill the connection thread
-                log.exception("driver failed to handle %r", type(message).__name__)
-            try:
-                sock.sendall(ACK_OK)
-            except OSError:
-                return
+            sock.sendall(ACK_OK)
+            while True:
+                try:
+                    message = read_frame(sock, self.server.secret, frame_timeout=FRAME_TIMEOUT)
+                except EOFError:
+                    return
+                except AuthenticationError as exc:
+                    self._reject(sock, exc)
+                    return
+                except OSError:
+                    return
+                if rank is None and isinstance(message, WorkerStarted):
+                    rank = message.rank  # this connection is the rank's own process
+                try:
+                    self.server.on_message(message)
+                except Exception:  # the driver's handler must not kill the connection thread
+                    log.exception("driver failed to handle %r", type(message).__name__)
+                try:
+                    sock.sendall(ACK_OK)
+                except OSError:
+                    return
+        finally:
+            self.server.track(sock, False)
+            if rank is not None:  # the process is gone (or closed its channel)
+                with contextlib.suppress(Exception):
+                    self.server.on_message(RankDisconnected(rank))
+
+    def _reject(self, sock: socket.socket, exc: Exception) -> None:
+        self.server.note_rejected(self.client_address, exc)
+        with contextlib.suppress(OSError):
+            sock.sendall(ACK_REJECTED)
 
 
 class _TCPServer(socketserver.ThreadingTCPServer):
@@ -116,7 +192,19 @@ class _TCPServer(socketserver.ThreadingTCPServer):
         self.on_message = on_message
         self.rejected: list[str] = []
         self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
         super().__init__(address, _Handler)
+
+    def track(self, sock: socket.socket, is_open: bool) -> None:
+        with self._lock:
+            (self._open.add if is_open else self._open.discard)(sock)
+
+    def close_connections(self) -> None:
+        with self._lock:
+            socks = list(self._open)
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def note_rejected(self, peer: Any, exc: Exception) -> None:
         with self._lock:
@@ -131,7 +219,8 @@ class ChannelServer:
         secret: The per-run secret.
         on_message: Called with each authenticated message, in the connection's thread;
             the sender waits until it returns.
-        bind_host: Interface to listen on ("" for all, as Spark executors may be remote).
+        bind_host: Address to listen on: the one workers connect to (loopback for local
+            processes, the driver's address for Spark executors).
     """
 
     def __init__(
@@ -161,10 +250,12 @@ class ChannelServer:
         return self.port
 
     def stop(self) -> None:
+        """Stop listening and close every connection (their threads then end)."""
         if self._thread is not None:
             self._server.shutdown()
             self._thread.join(timeout=10)
         self._server.server_close()
+        self._server.close_connections()
 
 
 class ChannelClient:
@@ -187,6 +278,20 @@ class ChannelClient:
                 "(spark.driver.host) and that no firewall blocks the port."
             ) from exc
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            challenge = _recv_exact(self._sock, len(MAGIC) + _NONCE_SIZE)
+            self._sock.sendall(handshake_reply(secret, challenge))
+            ack = self._sock.recv(1)
+        except (OSError, EOFError) as exc:
+            self.close()
+            raise ChannelError(
+                f"the mlflow_hvd driver at {host}:{port} did not complete the handshake: {exc}"
+            ) from exc
+        if ack != ACK_OK:
+            self.close()
+            raise AuthenticationError(
+                f"the driver at {host}:{port} rejected this connection: wrong run secret"
+            )
 
     def send(self, message: object, lock_timeout: float | None = None) -> None:
         """Send one message and wait until the driver has handled it.

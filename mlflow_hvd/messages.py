@@ -145,6 +145,12 @@ class WorkerExited(FromRank):
 
 
 @dataclass(frozen=True)
+class RankDisconnected(FromRank):
+    """Driver-internal: the connection of a rank's own process closed (the process is
+    gone). Not sent by peers; the channel emits it."""
+
+
+@dataclass(frozen=True)
 class UndeliveredTracking:
     """Rank 0 -> driver: tracking records the server did not take before the deadline, in
     order. Artifact records name keys of ``files``, which carry the files' bytes (rank 0's

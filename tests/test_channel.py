@@ -17,10 +17,11 @@ from mlflow_hvd.channel import (
     ChannelClient,
     ChannelServer,
     encode_frame,
+    handshake_reply,
     sign,
 )
 from mlflow_hvd.errors import AuthenticationError, ChannelError
-from mlflow_hvd.messages import OutputLines, Stream, WorkerStarted
+from mlflow_hvd.messages import OutputLines, RankDisconnected, Stream, WorkerStarted
 
 SECRET = b"s" * 32
 
@@ -66,8 +67,9 @@ def test_concurrent_senders_share_one_client(server: object) -> None:
     client = ChannelClient("127.0.0.1", server.port, SECRET)  # type: ignore[attr-defined]
     threads = [
         threading.Thread(
-            target=lambda i=i: [client.send(OutputLines(i, Stream.LOG, (str(j),)))
-                                for j in range(50)]
+            target=lambda i=i: [
+                client.send(OutputLines(i, Stream.LOG, (str(j),))) for j in range(50)
+            ]
         )
         for i in range(4)
     ]
@@ -79,46 +81,127 @@ def test_concurrent_senders_share_one_client(server: object) -> None:
     client.close()
 
 
-def test_wrong_secret_is_rejected_before_unpickling(server: object, tmp_path: Path) -> None:
-    marker = tmp_path / "unpickled"
-    client = ChannelClient("127.0.0.1", server.port, b"x" * 32)  # type: ignore[attr-defined]
-    with pytest.raises(AuthenticationError, match="wrong run secret"):
-        client.send(_Evil(str(marker)))
-    assert not marker.exists()
+def _raw(server: object) -> tuple[socket.socket, bytes]:
+    """A plain TCP connection to the driver, and the driver's challenge read from it."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)  # type: ignore[attr-defined]
+    challenge = s.recv(len(MAGIC) + 32, socket.MSG_WAITALL)
+    assert challenge.startswith(MAGIC) and len(challenge) == len(MAGIC) + 32
+    return s, challenge
+
+
+def test_wrong_secret_is_rejected_at_the_handshake(server: object, tmp_path: Path) -> None:
+    with pytest.raises(AuthenticationError) as info:
+        ChannelClient("127.0.0.1", server.port, b"x" * 32)  # type: ignore[attr-defined]
+    assert (
+        str(info.value)
+        == (
+            f"the driver at 127.0.0.1:{server.port} rejected this connection: "  # type: ignore[attr-defined]
+            "wrong run secret"
+        )
+    )
+    _wait_for(lambda: len(server.rejected) == 1)  # type: ignore[attr-defined]
+    assert server.rejected[0].endswith(  # type: ignore[attr-defined]
+        "handshake signature does not match this run's secret"
+    )
     assert server.received == []  # type: ignore[attr-defined]
-    assert "signature does not match" in server.rejected[0]  # type: ignore[attr-defined]
 
 
-def test_forged_frame_with_valid_header_but_bad_mac_is_rejected(
+def test_forged_handshake_is_cut_off_after_37_bytes(server: object) -> None:
+    """A stranger streaming a huge body is disconnected, not read (37 bytes, not 64 MiB)."""
+    s, s_challenge = _raw(server)
+    with s:
+        s.sendall(MAGIC + os.urandom(32))
+        assert s.recv(1) == b"\x00"
+        with pytest.raises(OSError) as info:  # the driver closed: the pipe breaks
+            s.sendall(struct.pack(">Q", 1 << 30) + os.urandom(32) + b"x" * (64 << 20))
+        assert not isinstance(info.value, TimeoutError)
+    _wait_for(lambda: len(server.rejected) == 1)  # type: ignore[attr-defined]
+    assert server.received == []  # type: ignore[attr-defined]
+
+
+def test_a_handshake_cannot_be_replayed_on_another_connection(server: object) -> None:
+    first, first_challenge = _raw(server)
+    with first:
+        reply = handshake_reply(SECRET, first_challenge)
+        first.sendall(reply)
+        assert first.recv(1) == b"\x01"
+    second, second_challenge = _raw(server)
+    with second:  # a new nonce: the recorded reply no longer matches
+        second.sendall(reply)
+        assert second.recv(1) == b"\x00"
+
+
+def test_forged_frame_after_a_valid_handshake_is_rejected_before_unpickling(
     server: object, tmp_path: Path
 ) -> None:
     marker = tmp_path / "unpickled"
     body = pickle.dumps(_Evil(str(marker)))
-    with socket.create_connection(("127.0.0.1", server.port)) as s:  # type: ignore[attr-defined]
+    s, s_challenge = _raw(server)
+    with s:
+        s.sendall(handshake_reply(SECRET, s_challenge))
+        assert s.recv(1) == b"\x01"
         s.sendall(MAGIC + struct.pack(">Q", len(body)) + os.urandom(32) + body)
         assert s.recv(1) == b"\x00"
     assert not marker.exists()
     assert server.received == []  # type: ignore[attr-defined]
+    assert server.rejected[0].endswith(  # type: ignore[attr-defined]
+        "message signature does not match this run's secret"
+    )
 
 
 def test_garbage_and_oversize_frames_are_rejected(server: object) -> None:
-    with socket.create_connection(("127.0.0.1", server.port)) as s:  # type: ignore[attr-defined]
-        s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    s, s_challenge = _raw(server)
+    with s:
+        s.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 40)
         assert s.recv(1) == b"\x00"
-    with socket.create_connection(("127.0.0.1", server.port)) as s:  # type: ignore[attr-defined]
+    s, s_challenge = _raw(server)
+    with s:
+        s.sendall(handshake_reply(SECRET, s_challenge))
+        assert s.recv(1) == b"\x01"
         s.sendall(MAGIC + struct.pack(">Q", 1 << 40) + sign(SECRET, b""))
         assert s.recv(1) == b"\x00"
     _wait_for(lambda: len(server.rejected) == 2)  # type: ignore[attr-defined]
-    assert "bad frame header" in server.rejected[0]  # type: ignore[attr-defined]
+    assert "bad handshake b'GET /'" in server.rejected[0]  # type: ignore[attr-defined]
     assert "exceeds the limit" in server.rejected[1]  # type: ignore[attr-defined]
     assert server.received == []  # type: ignore[attr-defined]
 
 
 def test_valid_frame_built_by_hand_is_accepted(server: object) -> None:
-    with socket.create_connection(("127.0.0.1", server.port)) as s:  # type: ignore[attr-defined]
+    s, s_challenge = _raw(server)
+    with s:
+        s.sendall(handshake_reply(SECRET, s_challenge))
+        assert s.recv(1) == b"\x01"
         s.sendall(encode_frame(SECRET, WorkerStarted(1, "h")))
         assert s.recv(1) == b"\x01"
-    assert server.received == [WorkerStarted(1, "h")]  # type: ignore[attr-defined]
+    _wait_for(lambda: len(server.received) == 2)  # type: ignore[attr-defined]
+    # closing the rank's own connection tells the driver its process is gone
+    assert server.received == [WorkerStarted(1, "h"), RankDisconnected(1)]  # type: ignore[attr-defined]
+
+
+def test_stop_closes_idle_connections() -> None:
+    received: list[object] = []
+    srv = ChannelServer(SECRET, received.append, bind_host="127.0.0.1")
+    srv.start()
+    client = ChannelClient("127.0.0.1", srv.port, SECRET, timeout=5)
+    client.send(WorkerStarted(0, "h"))
+    srv.stop()
+    assert client._sock.recv(1) == b""  # the driver closed it; no thread is left reading
+    _wait_for(lambda: received == [WorkerStarted(0, "h"), RankDisconnected(0)])
+    client.close()
+
+
+def test_a_frame_that_stalls_midway_is_dropped(
+    server: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlflow_hvd.channel as channel
+
+    monkeypatch.setattr(channel, "FRAME_TIMEOUT", 0.5)
+    s, s_challenge = _raw(server)
+    with s:
+        s.sendall(handshake_reply(SECRET, s_challenge))
+        assert s.recv(1) == b"\x01"
+        s.sendall(MAGIC + struct.pack(">Q", 100))  # ...and never the rest
+        assert s.recv(1) == b""  # closed by the driver after FRAME_TIMEOUT
 
 
 def test_unreachable_driver_names_address_and_what_to_check() -> None:
@@ -141,6 +224,9 @@ def test_driver_closing_mid_send_is_a_channel_error() -> None:
 
     def accept_and_close() -> None:
         conn, _ = listener.accept()
+        conn.sendall(MAGIC + b"n" * 32)  # challenge; any reply is accepted by this fake
+        conn.recv(len(MAGIC) + 32, socket.MSG_WAITALL)
+        conn.sendall(b"\x01")
         got = 0
         while got < frame_len:  # read the whole frame, then hang up without an ack
             got += len(conn.recv(frame_len - got))

@@ -13,7 +13,7 @@ import mlflow_hvd
 from mlflow_hvd.channel import MAGIC, ChannelClient, ChannelServer, encode_frame, read_frame
 from mlflow_hvd.cli.common import load_function, whole_number
 from mlflow_hvd.errors import AuthenticationError, ChannelError, ConfigurationError
-from mlflow_hvd.messages import WorkerStarted
+from mlflow_hvd.messages import RankDisconnected, WorkerStarted
 from mlflow_hvd.options import check_np, check_positive_int, check_seconds
 from mlflow_hvd.sweep.space import validate_space
 
@@ -148,7 +148,7 @@ def test_send_to_a_driver_that_is_gone_is_a_channel_error() -> None:
     )
     client.close()
     server.stop()
-    assert received == [WorkerStarted(0, "h")]
+    assert received == [WorkerStarted(0, "h"), RankDisconnected(0)]
 
 
 def test_no_interface_holding_the_route_source_is_a_configuration_error(

@@ -56,7 +56,7 @@ def run_job(
             events.put(message)
 
     secret = secrets.token_bytes(32)
-    channel = ChannelServer(secret, on_message)
+    channel = ChannelServer(secret, on_message, bind_host=driver_host)
     try:
         job = JobSpec(
             np=np,

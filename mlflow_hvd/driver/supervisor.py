@@ -26,6 +26,7 @@ from mlflow_hvd.errors import (
 from mlflow_hvd.messages import (
     BackendFinished,
     OutputLines,
+    RankDisconnected,
     Stream,
     WorkerError,
     WorkerExited,
@@ -79,6 +80,7 @@ class JobRecord:
     started: dict[int, str] = field(default_factory=dict)
     exited: dict[int, WorkerExited] = field(default_factory=dict)
     errors: dict[int, WorkerError] = field(default_factory=dict)
+    disconnected: set[int] = field(default_factory=set)
     result: WorkerResult | None = None
     backend_finished: BackendFinished | None = None
     backend_finished_at: float | None = None
@@ -105,6 +107,11 @@ class JobRecord:
     # --- queries -----------------------------------------------------------------------
     def all_exited(self) -> bool:
         return len(self.exited) >= self.np
+
+    def all_gone(self) -> bool:
+        """Every rank that started has closed its connection: its process is gone (a
+        cancelled Spark task can end before the worker it hosts)."""
+        return set(self.started) <= self.disconnected
 
     def rank_failed(self) -> bool:
         return bool(self.errors) or any(
@@ -183,9 +190,13 @@ def supervise(
         if job.state is JobState.RUNNING:
             _check_running(job, backend, settings, now - t0, now)
         elif now > (job.failed_at or now) + wind_down or (
-            job.state is JobState.STOPPING and job.backend_finished is not None
+            job.state is JobState.STOPPING
+            and job.backend_finished is not None
+            and job.all_gone()
         ):
-            break  # the backend has ended or the wind-down is over: no more reports come
+            # The backend has ended and every rank's process is gone, or the wind-down is
+            # over (a lost host never closes its connections): no more reports come.
+            break
         try:
             message: object = events.get(timeout=0.1)
         except queue.Empty:
@@ -280,5 +291,7 @@ def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextI
         job.exited[message.rank] = message
     elif isinstance(message, BackendFinished):
         job.backend_finished, job.backend_finished_at = message, time.monotonic()
+    elif isinstance(message, RankDisconnected):
+        job.disconnected.add(message.rank)
     elif isinstance(message, LayoutMismatch):
         job.fault = job.fault or message.detail

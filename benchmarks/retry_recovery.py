@@ -97,7 +97,8 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="retry-bench-")
     mlflow.set_tracking_uri(f"sqlite:///{work}/mlflow.db")
     spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
-             .config("spark.task.maxFailures", "1").getOrCreate())
+             .config("spark.task.maxFailures", "1")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
 
     def recovery() -> float:

@@ -154,7 +154,7 @@ def train(
         hvd_keras.LearningRateWarmupCallback(scaled_lr, warmup_epochs, steps_per_epoch),
         hvd_keras.MetricAverageCallback(),
         # 7. Checkpoints (and metrics) only on rank 0, as MLflow artifacts.
-        hvd_keras.MlflowCallback(checkpoint=True, params=run_params),
+        hvd_keras.MlflowCallback(checkpoint=True, log_every_n_steps=10, params=run_params),
         Progress(),
         FailAt(),
     ]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import queue
+import sys
 from typing import IO, cast
 
 from mlflow_hvd.messages import Message, OutputLines, Sink, Stream
@@ -74,6 +74,13 @@ def send_batches(lines: queue.Queue[object], rank: int, sink: Sink) -> None:
 
 
 def _safe_sink(sink: Sink, message: Message) -> None:
-    # Output forwarding is best effort; the exit report is not.
-    with contextlib.suppress(Exception):
+    """Forward output; if the driver cannot take it, say on this host's stderr (the
+    executor's log) how many lines were lost, and keep going: the exit report matters more."""
+    try:
         sink(message)
+    except Exception as exc:
+        if isinstance(message, OutputLines):
+            sys.stderr.write(
+                f"mlflow_hvd: {len(message.lines)} {message.stream.value} lines of rank "
+                f"{message.rank} not delivered to the driver: {exc}\n"
+            )

@@ -9,6 +9,7 @@ import keras
 
 from mlflow_hvd import scratch, tracking
 from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.rank.context import attempt
 from mlflow_hvd.tracking import checkpoints
 
 
@@ -55,7 +56,7 @@ class MlflowCallback(keras.callbacks.Callback):
             params["opt_name"] = type(opt).__name__
             params["opt_learning_rate"] = float(keras.ops.convert_to_numpy(opt.learning_rate))
         params.update(self.extra_params)
-        if self.log_every_n_steps:
+        if self.log_every_n_steps and attempt() > 0:  # a restart: its predecessor logged
             self._logged_up_to = tracking.max_logged_step("step_")
         # keep_existing: a resumed run keeps the values of its first attempt
         tracking.log_params({k: v for k, v in params.items() if v is not None}, keep_existing=True)

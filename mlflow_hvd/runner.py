@@ -179,16 +179,17 @@ class HorovodRunner:
         """Run the job; after a rank or backend failure restart it whole, up to
         ``max_failures`` times, in the same MLflow run."""
         failures: list[BaseException] = []
+        record = target if self._max_failures > 0 else None  # attempts only when retrying
         for attempt in range(self._max_failures + 1):
-            if target is not None:
-                attempts.started(target, attempt, self._tracking_timeout)
+            if record is not None:
+                attempts.started(record, attempt, self._tracking_timeout)
             backend, driver_host = self._backend()
             try:
                 return self._launch(main, kwargs, backend, driver_host, target, attempt)
             except (WorkerFailedError, BackendError) as exc:
                 failures.append(exc)
-                if target is not None:
-                    attempts.failed(target, attempt, exc, self._tracking_timeout)
+                if record is not None:
+                    attempts.failed(record, attempt, exc, self._tracking_timeout)
                 if attempt == self._max_failures:
                     if len(failures) == 1:
                         raise

@@ -301,23 +301,18 @@ def test_rank_sigkilled_mid_epoch_restarts_from_the_last_checkpoint(
     run = client.get_run(run_id)
     attempts = client.get_metric_history(run_id, "mlflow_hvd.attempt")
     errors = [a.path for a in client.list_artifacts(run_id, "attempts")]
-    first_error = client.download_artifacts(run_id, "attempts/attempt_0_error.txt")
-    assert (
-        Path(first_error)
-        .read_text()
-        .startswith(
-            "WorkerFailedError: Rank 1 on host localhost failed (killed by signal SIGKILL) "
-            "[root cause]"
-        )
-    )
     losses = client.get_metric_history(run_id, "loss")
-    if max_failures == 0:
+    if max_failures == 0:  # no restart: the run looks as it always did, no attempt records
         assert run.info.status == "FAILED"
         assert run.data.tags["mlflow_hvd.failed_rank"] == "1"
-        assert [m.step for m in attempts] == [0]
-        assert errors == ["attempts/attempt_0_error.txt"]
+        assert (attempts, errors) == ([], [])
         assert sorted(m.step for m in losses) == [0, 1, 2]  # epochs done before the kill
         return
+    first_error = client.download_artifacts(run_id, "attempts/attempt_0_error.txt")
+    assert Path(first_error).read_text().startswith(
+        "WorkerFailedError: Rank 1 on host localhost failed (killed by signal SIGKILL) "
+        "[root cause]"
+    )
     assert run.info.status == "FINISHED"
     assert [(m.step, m.value) for m in sorted(attempts, key=lambda m: m.step)] == [
         (0, 0.0),

@@ -56,7 +56,10 @@ def run_job(
             events.put(message)
 
     secret = secrets.token_bytes(32)
-    channel = ChannelServer(secret, on_message, bind_host=driver_host)
+    try:  # listen only where workers connect (loopback for local processes)
+        channel = ChannelServer(secret, on_message, bind_host=driver_host)
+    except OSError:  # not an address of this host (e.g. NAT): listen on every interface
+        channel = ChannelServer(secret, on_message, bind_host="")
     try:
         job = JobSpec(
             np=np,

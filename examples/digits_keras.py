@@ -151,7 +151,9 @@ def train(
     callbacks = [
         # 6. Broadcast the initial state (weights, optimizer) from rank 0.
         hvd_keras.BroadcastGlobalVariablesCallback(0),
-        hvd_keras.LearningRateWarmupCallback(scaled_lr, warmup_epochs, steps_per_epoch),
+        hvd_keras.LearningRateWarmupCallback(
+            scaled_lr, warmup_epochs, steps_per_epoch=steps_per_epoch
+        ),
         hvd_keras.MetricAverageCallback(),
         # 7. Checkpoints (and metrics) only on rank 0, as MLflow artifacts.
         hvd_keras.MlflowCallback(checkpoint=True, log_every_n_steps=10, params=run_params),

@@ -47,6 +47,11 @@ class BackendError(MlflowHvdError):
     """The launch backend (e.g. the Spark job) failed outside of the user's code."""
 
 
+class IncompatibleImportError(MlflowHvdError, ImportError):
+    """A module that cannot work in this environment was imported in a rank (e.g. Horovod's
+    Keras layer under Keras 3); the message names the replacement."""
+
+
 class TrackingError(MlflowHvdError):
     """Logging to the driver's MLflow run failed."""
 

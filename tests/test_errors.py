@@ -24,6 +24,9 @@ def test_every_error_is_a_mlflow_hvd_error_and_pickles() -> None:
         errors.ChannelError("chan"),
         errors.AuthenticationError("auth"),
         errors.BackendError("backend"),
+        errors.TrackingError("tracking"),
+        errors.IncompatibleImportError("old keras layer"),
+        errors.RetriesExhaustedError([errors.BackendError("lost"), ValueError("boom")]),
     ]
     for exc in simple:
         assert isinstance(exc, errors.MlflowHvdError)
@@ -31,6 +34,19 @@ def test_every_error_is_a_mlflow_hvd_error_and_pickles() -> None:
         assert type(back) is type(exc) and str(back) == str(exc)
     assert isinstance(errors.ConfigurationError("x"), ValueError)
     assert isinstance(errors.StartTimeoutError("x"), TimeoutError)
+    assert isinstance(errors.IncompatibleImportError("x"), ImportError)
+    assert isinstance(errors.Terminated("x"), KeyboardInterrupt)
+
+
+def test_retries_exhausted_lists_every_attempt() -> None:
+    exc = errors.RetriesExhaustedError([errors.BackendError("executor lost"), ValueError("boom")])
+    assert str(exc) == (
+        "the job failed on all 2 attempts:\n"
+        "attempt 0: BackendError: executor lost\n"
+        "attempt 1: ValueError: boom\n"
+        "Last attempt in full:\nboom"
+    )
+    assert exc.last.args == ("boom",)
 
 
 def test_worker_failed_error_message_and_pickle() -> None:

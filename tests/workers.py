@@ -201,7 +201,7 @@ def keras_misuse() -> dict[str, str]:
 
     catch("scale", lambda: hk.scale_learning_rate(0))
     catch("optimizer", lambda: hk.DistributedOptimizer("adam"))
-    catch("warmup", lambda: hk.LearningRateWarmupCallback(0.1, -1, 10))
+    catch("warmup", lambda: hk.LearningRateWarmupCallback(0.1, -1, steps_per_epoch=10))
     catch("every", lambda: hk.MlflowCallback(log_every_n_steps=0))
     catch("restore", lambda: hk.restore_from_checkpoint(keras.Sequential([keras.Input((4,))])))
     catch("xla", lambda: on_train_begin(model(1, jit_compile=True)))
@@ -302,3 +302,50 @@ def kill_group_then_raise(pgid: int) -> None:
     """Rank 0 SIGKILLs a process group (e.g. the MLflow server), then raises."""
     kill_group_then_return(pgid)
     raise RuntimeError("the job's own error")
+
+
+def keras_dropin_checks() -> dict[str, Any]:
+    """The drop-in namespace on every rank: tape averaging, kwargs honoured or refused,
+    Horovod's schedule callback."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import mlflow_hvd.keras as hvd
+
+    hvd.init()
+    out: dict[str, Any] = {}
+
+    def refused(name: str, fn: Any) -> None:
+        try:
+            fn()
+            out[name] = "accepted"
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+
+    sgd = keras.optimizers.SGD
+    refused("bpps", lambda: hvd.DistributedOptimizer(sgd(), backward_passes_per_step=2))
+    refused("groups", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), num_groups=2))
+    refused("unknown", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), colour="red"))
+    refused("global_vars", lambda: hvd.broadcast_global_variables(0))
+
+    # the tape: each rank's gradient differs; the distributed one is their mean everywhere
+    w = keras.Variable(np.ones(3, dtype="float32"))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * float(hvd.rank() + 1))
+    tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.fp16)
+    (grad,) = tape.gradient(loss, [w])
+    out["tape"] = hvd.allgather_object(grad.numpy().tolist())
+
+    # Horovod's schedule: lr = initial_lr * multiplier(epoch), per epoch (staircase)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), name="sgd",
+                                           sparse_as_dense=True), "mse", jit_compile=False)
+    history = model.fit(
+        np.zeros((8, 2), "float32"), np.zeros((8, 1), "float32"), epochs=3, batch_size=4,
+        verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                   hvd.callbacks.LearningRateScheduleCallback(0.1, lambda e: 0.5**e)],
+    )
+    out["schedule"] = [round(v, 6) for v in history.history["learning_rate"]]
+    return out

@@ -1,7 +1,10 @@
-"""Rank side, Keras 3: Horovod's callbacks (broadcast, metric averaging, warmup)."""
+"""Rank side, Keras 3: Horovod's callbacks (broadcast, metric averaging, warmup, schedule),
+with Horovod's signatures; ``mlflow_hvd.keras.callbacks`` is the drop-in for
+``horovod.tensorflow.keras.callbacks``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -69,47 +72,126 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 class LearningRateWarmupCallback(keras.callbacks.Callback):
-    """Ramp the learning rate linearly from ``target_lr / size`` to ``target_lr``.
+    """Horovod's warmup: ramp the learning rate linearly from ``initial_lr / size`` to
+    ``initial_lr`` over ``warmup_epochs`` (per batch).
 
     Large scaled learning rates can diverge in the first steps ("Accurate, Large Minibatch
-    SGD", Goyal et al.); warming up over ``warmup_epochs`` avoids it. ``target_lr`` is
-    usually ``scale_learning_rate(base_lr)``.
+    SGD", Goyal et al.). ``initial_lr`` is the scaled rate, e.g.
+    ``scale_learning_rate(base_lr)``. Same signature as Horovod's; ``momentum_correction``
+    and ``verbose`` are accepted for compatibility and have no effect.
 
     Args:
-        target_lr: Learning rate reached at the end of the warmup.
+        initial_lr: Learning rate reached at the end of the warmup.
         warmup_epochs: Length of the warmup, in epochs.
-        steps_per_epoch: Batches per epoch on each rank.
+        steps_per_epoch: Batches per epoch on each rank (default: what ``fit`` reports).
     """
 
-    def __init__(self, target_lr: float, warmup_epochs: int, steps_per_epoch: int) -> None:
+    def __init__(
+        self,
+        initial_lr: float,
+        warmup_epochs: int = 5,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
+    ) -> None:
         super().__init__()
-        if warmup_epochs < 0 or steps_per_epoch < 1:
+        if warmup_epochs < 0 or (steps_per_epoch is not None and steps_per_epoch < 1):
             raise ConfigurationError(
                 f"warmup_epochs must be >= 0 and steps_per_epoch >= 1, got {warmup_epochs} "
                 f"and {steps_per_epoch}"
             )
-        self.target_lr = float(target_lr)
-        self.warmup_steps = warmup_epochs * steps_per_epoch
+        self.initial_lr = float(initial_lr)
+        self.warmup_epochs = warmup_epochs
         self.steps_per_epoch = steps_per_epoch
         self._epoch = 0
 
+    @property
+    def warmup_steps(self) -> int:
+        return self.warmup_epochs * (self.steps_per_epoch or 0)
+
     def lr_at(self, step: int) -> float:
         if self.warmup_steps == 0 or step >= self.warmup_steps:
-            return self.target_lr
-        start = self.target_lr / hvd.size()
-        return start + (self.target_lr - start) * step / self.warmup_steps
+            return self.initial_lr
+        start = self.initial_lr / hvd.size()
+        return start + (self.initial_lr - start) * step / self.warmup_steps
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self.steps_per_epoch = _steps_per_epoch(self, self.steps_per_epoch)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
-        if epoch * self.steps_per_epoch >= self.warmup_steps:
+        if epoch * (self.steps_per_epoch or 0) >= self.warmup_steps:
             # Past the warmup (also after resuming from a checkpoint): the target rate.
-            self.model.optimizer.learning_rate.assign(self.target_lr)
+            self.model.optimizer.learning_rate.assign(self.initial_lr)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        step = self._epoch * self.steps_per_epoch + batch
+        step = self._epoch * (self.steps_per_epoch or 0) + batch
         if step <= self.warmup_steps:
             self.model.optimizer.learning_rate.assign(self.lr_at(step))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
             logs["learning_rate"] = float(self.model.optimizer.learning_rate.numpy())
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Horovod's schedule: ``lr = initial_lr * multiplier(epoch)`` from ``start_epoch`` to
+    ``end_epoch`` (exclusive); per epoch with ``staircase``, else per batch with a
+    fractional epoch. ``multiplier`` is a number or a function of the epoch. Same signature
+    as Horovod's; ``momentum_correction`` is accepted and has no effect."""
+
+    def __init__(
+        self,
+        initial_lr: float,
+        multiplier: float | Callable[[float], float],
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        staircase: bool = True,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.initial_lr = float(initial_lr)
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            factor = float(multiplier)
+            self.multiplier = lambda epoch: factor
+            staircase = True
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch = 0
+
+    def _active(self, epoch: int) -> bool:
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _set(self, epoch: float) -> None:
+        self.model.optimizer.learning_rate.assign(self.initial_lr * self.multiplier(epoch))
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if not self.staircase:
+            self.steps_per_epoch = _steps_per_epoch(self, self.steps_per_epoch)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch = epoch
+        if self.staircase and self._active(epoch):
+            self._set(epoch)
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self.staircase and self._active(self._epoch):
+            self._set(self._epoch + batch / float(self.steps_per_epoch or 1))
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None:
+            logs["learning_rate"] = float(self.model.optimizer.learning_rate.numpy())
+
+
+def _steps_per_epoch(callback: keras.callbacks.Callback, given: int | None) -> int:
+    steps = given or (callback.params or {}).get("steps")
+    if not steps:
+        raise ConfigurationError(
+            f"{type(callback).__name__} needs steps_per_epoch: fit did not report its number "
+            "of steps (a dataset of unknown length); pass steps_per_epoch=..."
+        )
+    return int(steps)

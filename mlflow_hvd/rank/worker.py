@@ -28,7 +28,7 @@ from mlflow_hvd.channel import ChannelClient
 from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.messages import Bootstrap, Payload, WorkerError, WorkerResult, WorkerStarted
 from mlflow_hvd.procs import set_parent_death_signal
-from mlflow_hvd.rank import context
+from mlflow_hvd.rank import context, keras_guard
 from mlflow_hvd.tracking import rank_logger as tracking
 from mlflow_hvd.tracking import records
 
@@ -66,6 +66,7 @@ def main() -> int:
     context.install(client, rank)
     client.send(WorkerStarted(rank, host))
     try:
+        keras_guard.install()  # before the user's code can import Horovod's Keras layer
         with open(boot.payload_path, "rb") as f:
             payload: Payload = cloudpickle.load(f)
         context.install(client, rank, payload.attempt)

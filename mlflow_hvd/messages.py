@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -57,15 +57,15 @@ class TrackingTarget:
 class Payload:
     """What every rank runs: ``main(**kwargs)``, cloudpickled as a whole.
 
-    ``source_file``/``source_text`` describe the user module pickled by value, so that a
-    worker's traceback shows the real file name and source lines instead of cloudpickle's
-    anonymous ``<dynamic-code>``.
+    ``code_files``/``code_texts`` give code sent by value its file name and source lines
+    back (:mod:`mlflow_hvd.code_sources`), so that a worker's traceback shows them instead of
+    cloudpickle's anonymous ``<dynamic-code>``.
     """
 
     main: Any
     kwargs: dict[str, Any]
-    source_file: str = ""
-    source_text: str = ""
+    code_files: dict[tuple[str, str, int], str] = field(default_factory=dict)
+    code_texts: dict[str, str] = field(default_factory=dict)
     tracking: TrackingTarget | None = None
     attempt: int = 0  # 0 for the first run of the job, k for its k-th restart
 

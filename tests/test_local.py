@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,3 +105,35 @@ def test_ranks_that_never_start_hit_the_start_deadline(tmp_path: Path) -> None:
         "cluster has free slots"
     )
     assert_no_workers_left()
+
+
+def test_tracebacks_name_the_script_and_the_notebook_cell_with_their_lines(
+    tmp_path: Path,
+) -> None:
+    """cloudpickle sends __main__'s functions as anonymous <dynamic-code>; ranks give them
+    their file (or Jupyter cell) name and source lines back."""
+    cell = "/tmp/ipykernel_4242/2817.py"  # how ipykernel names a cell's code
+    script = tmp_path / "my_training.py"
+    script.write_text(
+        "import linecache, sys\n"
+        "import __main__\n"
+        "from mlflow_hvd import HorovodRunner, WorkerFailedError\n"
+        f"CELL = {cell!r}\n"
+        "SRC = 'def scale(x):\\n    return 10 / x\\n'\n"
+        "linecache.cache[CELL] = (len(SRC), None, SRC.splitlines(True), CELL)\n"
+        "exec(compile(SRC, CELL, 'exec'), __main__.__dict__)\n"
+        "\n"
+        "def train():\n"
+        "    return scale(0)\n"
+        "\n"
+        "try:\n"
+        "    HorovodRunner(np=-1, track=False).run(train)\n"
+        "except WorkerFailedError as exc:\n"
+        "    print(exc.root_cause.traceback)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    ).stdout
+    assert f'  File "{script}", line 10, in train\n    return scale(0)\n' in out, out
+    assert f'  File "{cell}", line 2, in scale\n    return 10 / x\n' in out, out
+    assert "<dynamic-code>" not in out

@@ -14,6 +14,7 @@ from typing import Any
 
 import cloudpickle
 
+from mlflow_hvd import code_sources
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.messages import Payload, TrackingTarget
 
@@ -34,18 +35,14 @@ def dumps_payload(
     """
     module = sys.modules.get(getattr(main, "__module__", "") or "")
     by_value = _user_modules(module)
-    source_file = source_text = ""
     for mod in by_value:
         cloudpickle.register_pickle_by_value(mod)
-    if module is not None and module in by_value:
-        source_file = os.path.realpath(str(module.__file__))
-        try:
-            with open(source_file, encoding="utf-8") as f:
-                source_text = f.read()
-        except OSError:
-            source_text = ""
+    # cloudpickle sends __main__ (a script, a notebook) by value too
+    files, texts = code_sources.collect(
+        [main, kwargs], {"__main__", *(m.__name__ for m in by_value)}
+    )
     try:
-        return cloudpickle.dumps(Payload(main, kwargs, source_file, source_text, target, attempt))
+        return cloudpickle.dumps(Payload(main, kwargs, files, texts, target, attempt))
     except Exception as exc:
         raise ConfigurationError(
             f"cannot pickle main or its kwargs for the workers: {type(exc).__name__}: {exc}"

@@ -13,7 +13,6 @@ Spark task or driver never leaves it behind.
 
 from __future__ import annotations
 
-import linecache
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ import traceback
 
 import cloudpickle
 
+from mlflow_hvd import code_sources
 from mlflow_hvd.channel import ChannelClient
 from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.messages import Bootstrap, Payload, WorkerError, WorkerResult, WorkerStarted
@@ -34,7 +34,6 @@ from mlflow_hvd.tracking import records
 
 EXIT_USER_ERROR = 1
 EXIT_ORPHANED = 70
-DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for by-value code
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -93,9 +92,6 @@ def main() -> int:
     return 0
 
 
-_source_file = ""
-
-
 _client: ChannelClient | None = None
 SIGTERM_DRAIN = 2.0  # seconds a stopped rank 0 gives MLflow before handing records over
 
@@ -145,18 +141,12 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def _register_source(payload: Payload) -> None:
-    """Let tracebacks show the by-value module's source lines (see :class:`Payload`)."""
-    global _source_file
-    if payload.source_file and payload.source_text:
-        lines = payload.source_text.splitlines(keepends=True)
-        linecache.cache[DYNAMIC_CODE] = (len(payload.source_text), None, lines, DYNAMIC_CODE)
-        _source_file = payload.source_file
+    """Give by-value functions their real file and source lines back (tracebacks)."""
+    code_sources.restore([payload.main, payload.kwargs], payload.code_files, payload.code_texts)
 
 
 def _report(client: ChannelClient, rank: int, host: str, exc: BaseException) -> int:
     tb = "".join(traceback.format_exception(exc))
-    if _source_file:
-        tb = tb.replace(f'File "{DYNAMIC_CODE}"', f'File "{_source_file}"')
     sys.stderr.write(tb)
     sys.stderr.flush()
     summary = f"{type(exc).__name__}: {exc}".rstrip(": ")

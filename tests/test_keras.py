@@ -46,6 +46,10 @@ def test_fit_logs_one_series_per_metric_checkpoints_and_a_loadable_model(store: 
     ckpt = mlflow.tensorflow.load_checkpoint(run_id=run_id, epoch=0)  # MLflow's own reader
     assert type(ckpt.optimizer).__name__ == "Adam"
     (model_out,) = run.outputs.model_outputs
+    assert model_out.step == 1  # linked to the final epoch's metrics, not step 0
+    logged = client.get_logged_model(model_out.model_id)
+    assert logged.tags["mlflow.source.name"] == run.data.tags["mlflow.source.name"]
+    assert not logged.tags["mlflow.source.name"].endswith("worker.py")
     x_train, y_train, x_test, y_test = digits_keras.load_data()
     pyfunc = mlflow.pyfunc.load_model(f"models:/{model_out.model_id}")
     accuracy = float((np.asarray(pyfunc.predict(x_test)).argmax(1) == y_test).mean())

@@ -76,7 +76,9 @@ class MlflowCallback(keras.callbacks.Callback):
             and tracking.is_logging_rank()
         ):
             # values go to the queue as they are; the logging thread converts them
-            tracking.log_metrics({f"step_{k}": v for k, v in logs.items()}, step=self._global_step)
+            tracking.log_batch_metrics(
+                {f"step_{k}": v for k, v in logs.items()}, step=self._global_step
+            )
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not tracking.is_logging_rank():

@@ -55,11 +55,18 @@ class _RankLogger:
         # a different one is refused here rather than failing later in the background.
         # During an outage they are unknown; the store then refuses a conflict itself.
         self._params: dict[str, str] = {}
+        self.source_tags: dict[str, str] = {}  # the driver's program, for log_model
+        self.last_step = 0  # the latest step logged: a model is linked to its metrics
         try:
-            self._params = dict(self.client.get_run(target.run_id).data.params)
+            run = self.client.get_run(target.run_id)
         except Exception as exc:
             if not is_outage(exc):
                 raise
+        else:
+            self._params = dict(run.data.params)
+            self.source_tags = {
+                k: v for k, v in run.data.tags.items() if k.startswith("mlflow.source.")
+            }
         self.spool = scratch.new_dir("spool")
         self.delivery = Delivery(target, self.client, self.spool)
 
@@ -227,8 +234,20 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     if logger is None:
         return
     ts = int(time.time() * 1000)
+    logger.last_step = max(logger.last_step, int(step or 0))
     for key, value in metrics.items():
         logger.delivery.put(["metric", key, value, ts, int(step or 0)])
+
+
+def log_batch_metrics(metrics: Mapping[str, float], step: int) -> None:
+    """Like :func:`log_metrics`, for per-batch series whose step is a global batch count:
+    they do not move the step a logged model is linked to (the epoch)."""
+    logger = _require()
+    if logger is None:
+        return
+    ts = int(time.time() * 1000)
+    for key, value in metrics.items():
+        logger.delivery.put(["metric", key, value, ts, int(step)])
 
 
 def set_tag(key: str, value: Any) -> None:
@@ -288,7 +307,9 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     """Log a Keras model as an MLflow model (a LoggedModel linked to the run), rank 0 only.
 
     Synchronous: waits (within the job's ``tracking_timeout``) for everything queued, then
-    uploads; against an unreachable server it raises after MLflow's HTTP retries.
+    uploads; against an unreachable server it raises after MLflow's HTTP retries. The model
+    is linked to the run's metrics at the latest step logged (``step=`` overrides) and
+    names the driver's program as its source (not the worker).
 
     Returns:
         ``mlflow.models.model.ModelInfo`` on rank 0, None elsewhere.
@@ -301,6 +322,8 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
 
     logger.flush()  # the model is linked to the run's metrics as of now
     mlflow.set_tracking_uri(logger.target.tracking_uri)
+    kwargs.setdefault("step", logger.last_step)
+    kwargs["tags"] = {**logger.source_tags, **(kwargs.get("tags") or {})}
     return mlflow.tensorflow.log_model(model, name=name, run_id=logger.target.run_id, **kwargs)
 
 
@@ -315,6 +338,7 @@ def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any]) -> 
     if logger is None:
         return
     ts = int(time.time() * 1000)
+    logger.last_step = max(logger.last_step, int(step))
     logger.delivery.put(
         [
             "commit",

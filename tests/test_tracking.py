@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,8 +136,6 @@ def test_logging_through_a_real_mlflow_server(mlflow_server: str, tmp_path: Path
         mlflow.set_tracking_uri(old)
 
 
-
-
 def test_system_metrics_are_logged_once_per_node(store: str) -> None:
     key = "system/localhost/cpu_utilization_percentage"
     runner = HorovodRunner(np=-2, log_system_metrics=True)
@@ -184,9 +185,7 @@ def test_flush_that_cannot_drain_names_the_store_and_the_wait(store: str, tmp_pa
     ]
 
 
-def test_a_failed_background_send_is_raised_by_the_next_flush(
-    store: str, tmp_path: Path
-) -> None:
+def test_a_failed_background_send_is_raised_by_the_next_flush(store: str, tmp_path: Path) -> None:
     from mlflow_hvd.messages import TrackingTarget
     from mlflow_hvd.tracking.delivery import Delivery
 
@@ -248,13 +247,17 @@ def test_an_outage_spills_past_the_memory_limit_and_delivers_in_order(
     real = mlflow.MlflowClient()
     run = real.create_run("0")
     server = _ServerDown(real)
-    logger = Delivery(TrackingTarget(store, run.info.run_id, "0"), server, str(tmp_path),
-                      memory_limit=10)
+    logger = Delivery(
+        TrackingTarget(store, run.info.run_id, "0"), server, str(tmp_path), memory_limit=10
+    )
     for i in range(100):
         logger.put(["metric", "m", float(i), 1000 + i, i])
     spill = tmp_path / "pending.jsonl"
-    wait_until(lambda: spill.exists() and len(spill.read_text().splitlines()) == 90, 30,
-               "90 records spilled to disk")
+    wait_until(
+        lambda: spill.exists() and len(spill.read_text().splitlines()) == 90,
+        30,
+        "90 records spilled to disk",
+    )
     with pytest.raises(TrackingError, match="has been unreachable since"):
         logger.flush(timeout=1)
     server.down = False
@@ -264,3 +267,33 @@ def test_an_outage_spills_past_the_memory_limit_and_delivers_in_order(
     assert not spill.exists()
     undelivered, refusal = logger.close(5, "h")
     assert (undelivered, refusal) == (None, "")
+
+
+def test_a_run_in_mlflows_default_store_says_where_once(tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import workers\n"
+        "from mlflow_hvd import HorovodRunner\n"
+        "for _ in range(2):\n"
+        "    HorovodRunner(np=-1).run(workers.echo)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    told = [line for line in proc.stderr.splitlines() if line.startswith("mlflow_hvd: no MLflow")]
+    assert told == [
+        "mlflow_hvd: no MLflow tracking URI set (MLFLOW_TRACKING_URI or mlflow.set_tracking_uri)"
+        f": logging to MLflow's default store {uri}; open it with: mlflow ui "
+        f"--backend-store-uri {uri}"
+    ]
+    assert mlflow.MlflowClient(tracking_uri=uri).search_runs(["0"]) != []

@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import platform
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -123,6 +124,7 @@ def driver_run(
     from mlflow.entities import RunTag
 
     uri = absolute_tracking_uri(mlflow.get_tracking_uri())
+    _say_where_once(uri)
     mlflow.set_tracking_uri(uri)
     check_server_reachable(uri, "the driver")
     with store_lock(uri):
@@ -216,6 +218,26 @@ class _Ending:
         if self.owned:
             self.client.set_terminated(run_id, status)
             self.done.append(f"status {status}")
+
+
+_told: set[str] = set()
+
+
+def _say_where_once(uri: str) -> None:
+    """When nobody chose a tracking store, MLflow's default is created in the working
+    directory: say where, once per process, with the command that opens it."""
+    from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
+
+    if is_tracking_uri_set() or uri in _told:
+        return
+    _told.add(uri)
+    print(
+        f"mlflow_hvd: no MLflow tracking URI set (MLFLOW_TRACKING_URI or "
+        f"mlflow.set_tracking_uri): logging to MLflow's default store {uri}; open it with: "
+        f"mlflow ui --backend-store-uri {uri}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _forget_active_run(run_id: str) -> None:

@@ -52,6 +52,7 @@ def train(
     fail_at_epoch: int | None = None,
     kill_at_epoch: int | None = None,
     log_model: bool = True,
+    log_every_n_steps: int = 0,
     run_params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train on this rank's shard; returns held-out metrics (rank 0's reach the driver).
@@ -59,7 +60,9 @@ def train(
     ``data`` is ``"digits"`` (scikit-learn's bundled set, sharded in memory) or a Parquet
     data set written by examples/digits_to_parquet.py, of which each rank reads only its own
     shard. ``run_params`` are logged once as params (kept if the run already has them, as
-    under ``mlflow run``). ``fail_at_epoch`` makes rank 1 (or rank 0 when alone) crash at
+    under ``mlflow run``). ``log_every_n_steps`` > 0 also logs per-batch metrics
+    (``step_*``, step = global batch). The validation split is carved out of the training
+    data; the test split is only used once, at the end. ``fail_at_epoch`` makes rank 1 (or rank 0 when alone) crash at
     the start of that epoch; ``kill_at_epoch`` makes it SIGKILL itself half-way through that
     epoch, on the job's first attempt only. They exist to demonstrate and test resuming from
     a checkpoint, by hand or with ``HorovodRunner(max_failures=...)``.
@@ -90,7 +93,13 @@ def train(
     keras.utils.set_random_seed(seed + hvd.rank())
 
     # 3. Shard the data: every rank a distinct, equal-size shard (remainder dropped).
-    x_train, y_train, x_test, y_test = load_data(seed)
+    x_all, y_all, x_test, y_test = load_data(seed)
+    # validation apart from the test set: val_* metrics guide training, test_* judge it
+    from sklearn.model_selection import train_test_split
+
+    x_train, x_val, y_train, y_val = train_test_split(
+        x_all, y_all, test_size=0.15, random_state=seed, stratify=y_all
+    )
     if data == "digits":
         x_shard, y_shard = shard_arrays([x_train, y_train], hvd.rank(), hvd.size(), seed=seed)
     else:
@@ -156,7 +165,9 @@ def train(
         ),
         hvd_keras.MetricAverageCallback(),
         # 7. Checkpoints (and metrics) only on rank 0, as MLflow artifacts.
-        hvd_keras.MlflowCallback(checkpoint=True, log_every_n_steps=10, params=run_params),
+        hvd_keras.MlflowCallback(
+            checkpoint=True, log_every_n_steps=log_every_n_steps or None, params=run_params
+        ),
         Progress(),
         FailAt(),
     ]
@@ -166,7 +177,7 @@ def train(
         batch_size=batch_size,
         epochs=epochs,
         initial_epoch=initial_epoch,
-        validation_data=(x_test, y_test),
+        validation_data=(x_val, y_val),
         callbacks=callbacks,
         # 8. Only rank 0 talks: progress bars and logs from one rank, not N.
         verbose=0,

@@ -78,6 +78,9 @@ class HorovodRunner:
             :class:`~mlflow_hvd.errors.RetriesExhaustedError` carries every cause.
             Workers can read their attempt with :func:`mlflow_hvd.attempt`.
 
+        log_prefix: Put before every worker line shown on the driver (the sweep uses
+            ``"[trial N]"``).
+
     SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
     stopped, the Spark job group cancelled, the run ended KILLED, and
     :class:`~mlflow_hvd.errors.Terminated` (a ``KeyboardInterrupt``) raised.
@@ -101,6 +104,7 @@ class HorovodRunner:
         tracking_timeout: float = 30.0,
         undelivered_dir: str | None = None,
         max_failures: int = 0,
+        log_prefix: str = "",
     ) -> None:
         self.num_processor = check_np(np)
         try:
@@ -118,6 +122,7 @@ class HorovodRunner:
             stop_grace=check_seconds("stop_grace", stop_grace),
             max_line_bytes=check_positive_int("max_line_bytes", max_line_bytes, 80),
             gloo_iface=gloo_iface,
+            log_prefix=str(log_prefix),
         )
         self._slot_timeout = check_seconds("slot_timeout", slot_timeout)
         self._spark = spark

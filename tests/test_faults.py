@@ -294,7 +294,9 @@ def test_rank_sigkilled_mid_epoch_restarts_from_the_last_checkpoint(
             "Rank 1 on host localhost failed (killed by signal SIGKILL)"
         )
     else:
-        result = runner.run(digits_keras.train, epochs=5, kill_at_epoch=3, log_model=False)
+        result = runner.run(
+            digits_keras.train, epochs=5, kill_at_epoch=3, log_model=False, log_every_n_steps=10
+        )
         assert result["epochs"] == 5
     client = mlflow.MlflowClient()
     run_id = str(runner.last_run_id)

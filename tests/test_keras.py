@@ -34,7 +34,7 @@ def test_fit_logs_one_series_per_metric_checkpoints_and_a_loadable_model(store: 
     assert run_id is not None
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
-    for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy", "effective_learning_rate"):
         history = client.get_metric_history(run_id, key)
         assert [m.step for m in history] == [0, 1], key  # one series, in order, no rank 1
     assert run.data.params["hvd_size"] == "2"

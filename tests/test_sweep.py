@@ -45,7 +45,10 @@ def test_sweep_of_three_spark_trials(store: str, spark: Any) -> None:
     best_id = min(losses, key=losses.__getitem__)
     assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] == best_id == result.best_run_id
     best_child = client.get_run(best_id)
-    assert best_child.data.params == {k: str(v) for k, v in result.best_params.items()}
+    # sampled params, np and the function's other arguments: columns shared with plain runs
+    assert best_child.data.params == {
+        "np": "2", "fail_marker": "", **{k: str(v) for k, v in result.best_params.items()}
+    }
     assert parent.data.params["best_x"] == best_child.data.params["x"]
     assert parent.data.params["best_y"] == best_child.data.params["y"]
     assert parent.data.metrics["best_val_loss"] == pytest.approx(losses[best_id])

@@ -197,3 +197,15 @@ def test_rank_0_refuses_a_tracking_server_it_cannot_reach() -> None:
         "node can connect to (not localhost), and open its port"
     )
     check_server_reachable("sqlite:///x.db", "node-a")  # not a server: nothing to check
+
+
+def test_worker_lines_carry_the_log_prefix() -> None:
+    import io
+
+    from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, Verbosity, handle
+    from mlflow_hvd.messages import OutputLines, Stream
+
+    out = io.StringIO()
+    settings = DriverSettings(verbosity=Verbosity.ALL, log_prefix="[trial 3]")
+    handle(OutputLines(1, Stream.STDOUT, ("hello",)), JobRecord(2), settings, out)
+    assert out.getvalue() == "[trial 3][1]<stdout>: hello\n"

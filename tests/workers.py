@@ -347,5 +347,5 @@ def keras_dropin_checks() -> dict[str, Any]:
         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                    hvd.callbacks.LearningRateScheduleCallback(0.1, lambda e: 0.5**e)],
     )
-    out["schedule"] = [round(v, 6) for v in history.history["learning_rate"]]
+    out["schedule"] = [round(v, 6) for v in history.history["effective_learning_rate"]]
     return out

@@ -97,6 +97,13 @@ def add_runner_options(p: argparse.ArgumentParser) -> None:
         "MASTER), else an embedded local[N]",
     )
     p.add_argument(
+        "--log-every-n-steps",
+        type=whole_number,
+        default=0,
+        help="also log per-batch metrics (step_*) every N batches (0: per epoch only); passed "
+        "to the training function as log_every_n_steps",
+    )
+    p.add_argument(
         "--max-failures",
         type=whole_number,
         default=0,

@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         early_stop_rounds=args.early_stop_rounds or None,
         parent_run_id=args.parent_run_id or None,
-        fixed_params={"epochs": args.epochs},
+        fixed_params={
+            "epochs": args.epochs,
+            **({"log_every_n_steps": args.log_every_n_steps} if args.log_every_n_steps else {}),
+        },
         runner_options=runner_options(args),
     )
     print(

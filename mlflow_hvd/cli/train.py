@@ -73,6 +73,8 @@ def validate(args: argparse.Namespace) -> list[str]:
         problems.append(f"epochs={args.epochs}: must be at least 1")
     if args.batch_size < 1:
         problems.append(f"batch_size={args.batch_size}: must be at least 1")
+    if args.log_every_n_steps < 0:
+        problems.append(f"log_every_n_steps={args.log_every_n_steps}: must be 0 (off) or more")
     if args.max_failures < 0:
         problems.append(f"max_failures={args.max_failures}: must be 0 (no restart) or more")
     if not args.learning_rate > 0:
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         learning_rate=args.learning_rate,
         seed=args.seed,
         data=data,
+        **({"log_every_n_steps": args.log_every_n_steps} if args.log_every_n_steps else {}),
         run_params=params,
     )
     elapsed = time.monotonic() - t0

@@ -56,6 +56,7 @@ class DriverSettings:
     channel_timeout: float = 60.0
     max_line_bytes: int = 16384
     gloo_iface: str | None = None
+    log_prefix: str = ""  # before every line shown, e.g. "[trial 3]" in a sweep
     # After a failure and stop(), how long the other ranks get to report their exit; also
     # how long exit reports may lag behind a backend that says it finished.
     report_grace: float = 15.0
@@ -275,7 +276,7 @@ def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextI
         tail = job.tails[message.rank]
         show = message.stream is Stream.LOG or settings.verbosity is Verbosity.ALL
         for line in message.lines:
-            text = f"[{message.rank}]<{message.stream.value}>: {line}"
+            text = f"{settings.log_prefix}[{message.rank}]<{message.stream.value}>: {line}"
             tail.append(text)
             if show:
                 out.write(text + "\n")

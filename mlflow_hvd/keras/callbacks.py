@@ -14,6 +14,10 @@ import tensorflow as tf
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.keras.optimizer import broadcast_variables
 
+# The rate the optimizer applied (scaled by the number of ranks, warmed up, scheduled):
+# named apart from the ``learning_rate`` param, which is the single-process base rate.
+LR_METRIC = "effective_learning_rate"
+
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcast model weights and optimizer state from ``root_rank`` when training starts.
@@ -131,7 +135,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
-            logs["learning_rate"] = float(self.model.optimizer.learning_rate.numpy())
+            logs[LR_METRIC] = float(self.model.optimizer.learning_rate.numpy())
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
@@ -184,7 +188,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
-            logs["learning_rate"] = float(self.model.optimizer.learning_rate.numpy())
+            logs[LR_METRIC] = float(self.model.optimizer.learning_rate.numpy())
 
 
 def _steps_per_epoch(callback: keras.callbacks.Callback, given: int | None) -> int:

@@ -238,10 +238,13 @@ def run_trial(client: Any, index: int, params: dict[str, Any], plan: _Plan) -> d
     with mlflow.start_run(nested=True, run_name=f"trial-{index}") as child:
         run_id = child.info.run_id
         client.set_tag(run_id, f"{TAG}trial", str(index))
-        mlflow.log_params(values)
+        # every argument of the trial, not only the sampled ones: trials and plain runs of
+        # the same function share one set of columns in the MLflow UI
+        mlflow.log_params({**trial_params(plan), **values})
         t0 = time.monotonic()
         try:
-            HorovodRunner(np=plan.np, **plan.runner_options).run(
+            options = {**plan.runner_options, "log_prefix": f"[trial {index}]"}
+            HorovodRunner(np=plan.np, **options).run(
                 plan.train_fn, **values, **plan.fixed
             )
         except MlflowHvdError as exc:
@@ -259,6 +262,24 @@ def run_trial(client: Any, index: int, params: dict[str, Any], plan: _Plan) -> d
         loss = float(max(history, key=lambda m: (m.step, m.timestamp)).value)
         mlflow.log_metric("trial_wall_seconds", wall)
         return {"status": STATUS_OK, "loss": loss, "run_id": run_id}
+
+
+def trial_params(plan: _Plan) -> dict[str, Any]:
+    """``np``, the fixed params and the training function's defaults that are plain values
+    (what the trial runs with besides the sampled params)."""
+    import inspect
+
+    out: dict[str, Any] = {"np": plan.np}
+    try:
+        signature = inspect.signature(plan.train_fn)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        for name, p in signature.parameters.items():
+            if isinstance(p.default, bool | int | float | str):
+                out[name] = p.default
+    out.update({k: plain(v) for k, v in plan.fixed.items()})
+    return out
 
 
 def no_progress(results: list[dict[str, Any]], rounds: int) -> bool:

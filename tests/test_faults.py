@@ -327,4 +327,4 @@ def test_rank_sigkilled_mid_epoch_restarts_from_the_last_checkpoint(
     # per-step values: the restart skips the steps its predecessor already logged
     step_losses = sorted(m.step for m in client.get_metric_history(run_id, "step_loss"))
     assert step_losses == list(range(10, step_losses[-1] + 1, 10)), step_losses
-    assert step_losses[-1] >= 100  # 5 epochs of about 21 steps
+    assert step_losses[-1] >= 80  # 5 epochs of about 18 steps

@@ -62,10 +62,11 @@ def train(
     shard. ``run_params`` are logged once as params (kept if the run already has them, as
     under ``mlflow run``). ``log_every_n_steps`` > 0 also logs per-batch metrics
     (``step_*``, step = global batch). The validation split is carved out of the training
-    data; the test split is only used once, at the end. ``fail_at_epoch`` makes rank 1 (or rank 0 when alone) crash at
-    the start of that epoch; ``kill_at_epoch`` makes it SIGKILL itself half-way through that
-    epoch, on the job's first attempt only. They exist to demonstrate and test resuming from
-    a checkpoint, by hand or with ``HorovodRunner(max_failures=...)``.
+    data; the test split is only used once, at the end. ``fail_at_epoch`` makes rank 1 (or
+    rank 0 when alone) crash at the start of that epoch; ``kill_at_epoch`` makes it SIGKILL
+    itself half-way through that epoch, on the job's first attempt only. They exist to
+    demonstrate and test resuming from a checkpoint, by hand or with
+    ``HorovodRunner(max_failures=...)``.
     """
     import os
     import signal

@@ -75,3 +75,7 @@ def test_the_drop_in_namespace_honours_or_refuses_horovods_arguments() -> None:
     )
     assert out["tape"] == [[1.5, 1.5, 1.5], [1.5, 1.5, 1.5]]  # mean of 1 and 2, fp16-exact
     assert out["schedule"] == [0.1, 0.05, 0.025]
+    # 2 steps per epoch inferred from fit: 0.1 then 0.15 in epoch 0, 0.2 from epoch 1 on
+    assert out["warmup"] == [0.15, 0.2]
+    assert out["broadcast"] == [0.0, 0.0]  # rank 0's kernel (zeros) everywhere
+    assert out["loaded"] == ["SGD", True]

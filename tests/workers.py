@@ -348,4 +348,27 @@ def keras_dropin_checks() -> dict[str, Any]:
                    hvd.callbacks.LearningRateScheduleCallback(0.1, lambda e: 0.5**e)],
     )
     out["schedule"] = [round(v, 6) for v in history.history["effective_learning_rate"]]
+
+    # Horovod's warmup signature, steps_per_epoch inferred from fit: initial_lr / size at
+    # the first batch, initial_lr once warmed up
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse", jit_compile=False)
+    history = model.fit(
+        np.zeros((8, 2), "float32"), np.zeros((8, 1), "float32"), epochs=2, batch_size=4,
+        verbose=0, callbacks=[hvd.callbacks.LearningRateWarmupCallback(0.2, warmup_epochs=1)],
+    )
+    out["warmup"] = [round(v, 6) for v in history.history["effective_learning_rate"]]
+
+    # broadcast_global_variables(root, model): rank 1's different weights become rank 0's
+    model.layers[0].kernel.assign(np.full((2, 1), float(hvd.rank()), "float32"))
+    hvd.broadcast_global_variables(0, model)
+    out["broadcast"] = hvd.allgather_object(float(model.layers[0].kernel.numpy().sum()))
+
+    # load_model: a saved model comes back with its optimizer distributed again
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save(f"{tmp}/m.keras")
+        loaded = hvd.load_model(f"{tmp}/m.keras")
+    out["loaded"] = [type(loaded.optimizer).__name__,
+                     bool(getattr(loaded.optimizer, "_mlflow_hvd_distributed", False))]
     return out

@@ -70,6 +70,20 @@ def test_the_drop_in_namespace_honours_or_refuses_horovods_arguments() -> None:
     assert out["unknown"].startswith(
         "ConfigurationError: DistributedOptimizer got unexpected keyword arguments ['colour']"
     )
+    assert out["adasum"].startswith("ConfigurationError: DistributedOptimizer: op=")
+    assert out["adasum"].endswith(
+        "is not supported here (Adasum needs an MPI build); use hvd.Average (default) or hvd.Sum"
+    )
+    assert out["predivide"] == (
+        "ConfigurationError: DistributedOptimizer: gradient_predivide_factor needs op=hvd.Average"
+    )
+    assert out["process_set"] == (
+        "ConfigurationError: DistributedOptimizer: only the global process set is supported "
+        "(every rank takes part)"
+    )
+    assert out["not_a_tape"] == (
+        "ConfigurationError: DistributedGradientTape needs a tf.GradientTape, got object"
+    )
     assert out["global_vars"].startswith(
         "ConfigurationError: broadcast_global_variables: Keras 3 has no global variables"
     )

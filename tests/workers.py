@@ -307,6 +307,7 @@ def kill_group_then_raise(pgid: int) -> None:
 def keras_dropin_checks() -> dict[str, Any]:
     """The drop-in namespace on every rank: tape averaging, kwargs honoured or refused,
     Horovod's schedule callback."""
+    import horovod.tensorflow as hvd_tf
     import keras
     import numpy as np
     import tensorflow as tf
@@ -328,6 +329,11 @@ def keras_dropin_checks() -> dict[str, Any]:
     refused("groups", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), num_groups=2))
     refused("unknown", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), colour="red"))
     refused("global_vars", lambda: hvd.broadcast_global_variables(0))
+    refused("adasum", lambda: hvd.DistributedOptimizer(sgd(), op=hvd_tf.Adasum))
+    refused("predivide", lambda: hvd.DistributedOptimizer(
+        sgd(), op=hvd.Sum, gradient_predivide_factor=2.0))
+    refused("process_set", lambda: hvd.DistributedOptimizer(sgd(), process_set=object()))
+    refused("not_a_tape", lambda: hvd.DistributedGradientTape(object()))
 
     # the tape: each rank's gradient differs; the distributed one is their mean everywhere
     w = keras.Variable(np.ones(3, dtype="float32"))

@@ -58,6 +58,10 @@ def test_a_signal_to_the_driver_ends_the_run_killed_and_leaves_no_files(
     script = _driver_script(
         tmp_path,
         uri,
+        # what an interactive shell gives: Ctrl-C raises (a background job inherits SIGINT
+        # ignored, and Python then keeps ignoring it)
+        "import signal\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "r = HorovodRunner(np=-2)\n"
         "try:\n"
         "    r.run(workers.sleep_forever)\n"
@@ -72,15 +76,20 @@ def test_a_signal_to_the_driver_ends_the_run_killed_and_leaves_no_files(
         env={**os.environ, "TMPDIR": str(tmpdir)},
     )
     assert proc.stdout is not None
-    deadline = time.monotonic() + 120
-    seen = 0
-    while seen < 2:  # both ranks are up
-        line = proc.stdout.readline()
-        assert line and time.monotonic() < deadline, "driver ended before the ranks started"
-        seen += "<log>: ready" in line
-    assert len(_scratch(tmpdir)) == 1  # the job's payload directory
-    proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        seen = 0
+        while seen < 2:  # both ranks are up
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "driver ended before the ranks started"
+            seen += "<log>: ready" in line
+        assert len(_scratch(tmpdir)) == 1  # the job's payload directory
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # a failed test must not leave the driver and its ranks
+            proc.kill()  # its ranks die with it (parent-death signal)
+            proc.wait(timeout=30)
     assert_no_workers_left()
     if sig == signal.SIGKILL:  # nothing runs in the driver: its directory stays, until...
         (orphan,) = _scratch(tmpdir)

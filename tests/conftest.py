@@ -41,6 +41,24 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Tests that do not pick a store track into one SQLite file of the test session,
+    never into the checkout (MLflow's default is ``./mlflow.db``)."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('session-store')}/mlflow.db"
+    old = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    mlflow.set_tracking_uri(old)
+
+
+@pytest.fixture(autouse=True)
+def restore_tracking_uri(session_store: str) -> Iterator[None]:
+    """Whatever a test sets as the tracking URI ends with it."""
+    yield
+    mlflow.set_tracking_uri(session_store)
+
+
 @pytest.fixture()
 def store(tmp_path: Path) -> Iterator[str]:
     """A fresh SQLite MLflow store for one test, set as the tracking URI."""

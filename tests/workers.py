@@ -262,9 +262,10 @@ def sleep_after_init(seconds: float = 600.0) -> None:
     time.sleep(seconds)
 
 
-def log_steadily(n: int, interval: float) -> int:
+def log_steadily(n: int, interval: float, until: str | None = None) -> int:
     """Rank 0 logs metric ``x`` = i at step i, one every ``interval`` seconds, plus a tag, a
-    param and an artifact half-way; returns how many values it logged."""
+    param and an artifact half-way; then, if ``until`` is given, waits (at most 300 s) for
+    that file to exist. Returns how many values it logged."""
     import horovod.tensorflow as hvd
 
     from mlflow_hvd import tracking
@@ -277,6 +278,11 @@ def log_steadily(n: int, interval: float) -> int:
             tracking.log_param("p", "at-half")
             tracking.log_dict({"i": i}, "mid/state.json")
         time.sleep(interval)
+    deadline = time.monotonic() + 300
+    while until is not None and not os.path.exists(until):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{until} did not appear within 300 s")
+        time.sleep(0.1)
     return n
 
 

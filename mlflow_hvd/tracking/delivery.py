@@ -175,14 +175,21 @@ class Delivery:
             except Exception as exc:
                 if is_outage(exc):
                     self._note_outage(exc)
-                    with self._cond:
-                        self._cond.wait(backoff)
+                    self._pause(backoff)
                     backoff = min(backoff * 2, BACKOFF_MAX)
                     continue
                 self._finish(batch, refused=exc)
             else:
                 backoff = BACKOFF_MIN
                 self._finish(batch)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` before retrying a server that is down; new records do not cut
+        the wait short (they would turn the backoff into a retry per record), a stop does."""
+        end = time.monotonic() + seconds
+        with self._cond:
+            while not self._stopped and (left := end - time.monotonic()) > 0:
+                self._cond.wait(left)
 
     def _take_inbox(self) -> None:
         """Move records from the inbox to the pending sequence: memory, then spill file.

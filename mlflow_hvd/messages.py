@@ -54,18 +54,22 @@ class TrackingTarget:
 
 
 @dataclass(frozen=True)
-class Payload:
-    """What every rank runs: ``main(**kwargs)``, cloudpickled as a whole.
+class Code:
+    """``main`` and its kwargs, cloudpickled once on the driver (``pickled``), with what
+    gives code sent by value its file names and source lines back
+    (:mod:`mlflow_hvd.code_sources`), so that a worker's traceback shows them instead of
+    cloudpickle's anonymous ``<dynamic-code>``."""
 
-    ``code_files``/``code_texts`` give code sent by value its file name and source lines
-    back (:mod:`mlflow_hvd.code_sources`), so that a worker's traceback shows them instead of
-    cloudpickle's anonymous ``<dynamic-code>``.
-    """
-
-    main: Any
-    kwargs: dict[str, Any]
+    pickled: bytes = field(repr=False)
     code_files: dict[tuple[str, str, int], str] = field(default_factory=dict)
     code_texts: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What every rank runs for one job: the code, the driver's MLflow run, the attempt."""
+
+    code: Code
     tracking: TrackingTarget | None = None
     attempt: int = 0  # 0 for the first run of the job, k for its k-th restart
 

@@ -12,7 +12,7 @@ from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.backends.local import LocalBackend
 from mlflow_hvd.backends.spark.master import standalone_addresses
 from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
-from mlflow_hvd.driver.payload import dumps_payload
+from mlflow_hvd.driver.payload import dumps_code, dumps_payload
 from mlflow_hvd.driver.signals import sigterm_interrupts
 from mlflow_hvd.errors import (
     BackendError,
@@ -20,7 +20,7 @@ from mlflow_hvd.errors import (
     RetriesExhaustedError,
     WorkerFailedError,
 )
-from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
+from mlflow_hvd.messages import Code, TrackingTarget, UndeliveredTracking
 from mlflow_hvd.options import check_np, check_positive_int, check_seconds
 from mlflow_hvd.tracking import attempts
 
@@ -162,10 +162,10 @@ class HorovodRunner:
         """
         if not callable(main):
             raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
-        dumps_payload(main, kwargs)  # fail on unpicklable input before touching MLflow
+        code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
         with sigterm_interrupts():
             if not self._track:
-                return self._attempts(main, kwargs, None)
+                return self._attempts(main, code, None)
             from mlflow_hvd.tracking.driver_run import driver_run
 
             with driver_run(
@@ -176,10 +176,10 @@ class HorovodRunner:
                 self._undelivered_dir,
             ) as target:
                 self.last_run_id = target.run_id
-                return self._attempts(main, kwargs, target)
+                return self._attempts(main, code, target)
 
     def _attempts(
-        self, main: Callable[..., Any], kwargs: dict[str, Any], target: TrackingTarget | None
+        self, main: Callable[..., Any], code: Code, target: TrackingTarget | None
     ) -> Any:
         """Run the job; after a rank or backend failure restart it whole, up to
         ``max_failures`` times, in the same MLflow run."""
@@ -190,7 +190,7 @@ class HorovodRunner:
                 attempts.started(record, attempt, self._tracking_timeout)
             backend, driver_host = self._backend()
             try:
-                return self._launch(main, kwargs, backend, driver_host, target, attempt)
+                return self._launch(main, code, backend, driver_host, target, attempt)
             except (WorkerFailedError, BackendError) as exc:
                 failures.append(exc)
                 if record is not None:
@@ -209,7 +209,7 @@ class HorovodRunner:
     def _launch(
         self,
         main: Callable[..., Any],
-        kwargs: dict[str, Any],
+        code: Code,
         backend: Backend,
         driver_host: str,
         target: TrackingTarget | None,
@@ -218,7 +218,7 @@ class HorovodRunner:
         self.last_job_id = job_id = new_job_id()
         value = run_job(
             abs(self.num_processor),
-            dumps_payload(main, kwargs, target, attempt),
+            dumps_payload(code, target, attempt),
             backend,
             self._settings,
             driver_host,

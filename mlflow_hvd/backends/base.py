@@ -15,7 +15,7 @@ class JobSpec:
 
     Attributes:
         np: Number of ranks (positive).
-        payload: ``cloudpickle.dumps(Payload(main, kwargs, ...))``.
+        payload: A pickled :class:`~mlflow_hvd.messages.Payload`.
         secret: Per-run HMAC secret; excluded from ``repr`` so it never lands in a log.
         driver_host: Address workers use to reach the driver's channel and rendezvous.
         channel_port: Port of the driver's authenticated channel.

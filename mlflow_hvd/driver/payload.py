@@ -7,6 +7,7 @@ are pickled by value, because Spark executors cannot import them.
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import sysconfig
 from collections.abc import Callable
@@ -16,33 +17,31 @@ import cloudpickle
 
 from mlflow_hvd import code_sources
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.messages import Payload, TrackingTarget
+from mlflow_hvd.messages import Code, Payload, TrackingTarget
 
 
-def dumps_payload(
-    main: Callable[..., Any],
-    kwargs: dict[str, Any],
-    target: TrackingTarget | None = None,
-    attempt: int = 0,
-) -> bytes:
-    """cloudpickle ``(main, kwargs)``; the caller's own modules go by value.
+def dumps_code(main: Callable[..., Any], kwargs: dict[str, Any]) -> Code:
+    """cloudpickle ``(main, kwargs)`` once per ``run``; the caller's own modules go by value.
 
     Installed packages and the standard library stay by reference (workers import them).
     The module of ``main`` and the other user modules loaded here (a script's helpers, a
     test file's fixtures) are pickled by value, so workers whose ``sys.path`` differs from
     the driver's (Spark executors) can still run them. Modules imported *inside* ``main``
     must be importable on the workers.
+
+    Raises:
+        ConfigurationError: ``main`` or a kwarg cannot be pickled.
     """
     module = sys.modules.get(getattr(main, "__module__", "") or "")
     by_value = _user_modules(module)
     for mod in by_value:
         cloudpickle.register_pickle_by_value(mod)
-    # cloudpickle sends __main__ (a script, a notebook) by value too
-    files, texts = code_sources.collect(
-        [main, kwargs], {"__main__", *(m.__name__ for m in by_value)}
-    )
     try:
-        return cloudpickle.dumps(Payload(main, kwargs, files, texts, target, attempt))
+        # cloudpickle sends __main__ (a script, a notebook) by value too
+        files, texts = code_sources.collect(
+            [main, kwargs], {"__main__", *(m.__name__ for m in by_value)}
+        )
+        return Code(cloudpickle.dumps((main, kwargs)), files, texts)
     except Exception as exc:
         raise ConfigurationError(
             f"cannot pickle main or its kwargs for the workers: {type(exc).__name__}: {exc}"
@@ -50,6 +49,12 @@ def dumps_payload(
     finally:
         for mod in by_value:
             cloudpickle.unregister_pickle_by_value(mod)
+
+
+def dumps_payload(code: Code, target: TrackingTarget | None = None, attempt: int = 0) -> bytes:
+    """One job's payload: the code pickled by :func:`dumps_code` plus its run and attempt
+    (cheap: the code is not pickled again)."""
+    return pickle.dumps(Payload(code, target, attempt), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _user_modules(main_module: Any) -> list[Any]:

@@ -14,6 +14,7 @@ Spark task or driver never leaves it behind.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -67,13 +68,14 @@ def main() -> int:
     try:
         keras_guard.install()  # before the user's code can import Horovod's Keras layer
         with open(boot.payload_path, "rb") as f:
-            payload: Payload = cloudpickle.load(f)
+            payload: Payload = pickle.load(f)
+        main_fn, kwargs = cloudpickle.loads(payload.code.pickled)
         context.install(client, rank, payload.attempt)
-        _register_source(payload)
+        code_sources.restore([main_fn, kwargs], payload.code.code_files, payload.code.code_texts)
         local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
         tracking.configure(payload.tracking, rank, local_rank, host)
         try:
-            value = payload.main(**payload.kwargs)
+            value = main_fn(**kwargs)
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise
@@ -138,11 +140,6 @@ def _on_sigterm(signum: int, frame: object) -> None:
         _finish_tracking(_client, strict=False, timeout=SIGTERM_DRAIN, lock_timeout=1.0)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _register_source(payload: Payload) -> None:
-    """Give by-value functions their real file and source lines back (tracebacks)."""
-    code_sources.restore([payload.main, payload.kwargs], payload.code_files, payload.code_texts)
 
 
 def _report(client: ChannelClient, rank: int, host: str, exc: BaseException) -> int:

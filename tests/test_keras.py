@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+from pathlib import Path
+
 import digits_keras
 import mlflow
 import numpy as np
@@ -9,6 +12,7 @@ import pytest
 import workers
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError
+from mlflow_hvd.tracking import requirements
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +61,33 @@ def test_fit_logs_one_series_per_metric_checkpoints_and_a_loadable_model(store: 
     assert accuracy > 0.5  # ten classes: chance is 0.1
     keras_model = mlflow.tensorflow.load_model(f"models:/{model_out.model_id}")
     assert keras_model.predict(x_test[:3], verbose=0).shape == (3, 10)
+    # requirements are the training environment's own versions (no inference subprocess)
+    reqs = Path(
+        mlflow.artifacts.download_artifacts(f"{logged.artifact_location}/requirements.txt")
+    ).read_text().split()
+    v = importlib.metadata.version
+    assert reqs[0] == f"mlflow=={v('mlflow')}"
+    tf_dist = next(d for d in ("tensorflow-cpu", "tensorflow") if requirements.installed((d,)))
+    assert f"{tf_dist}=={v(tf_dist)}" in reqs and f"keras=={v('keras')}" in reqs
+    assert f"numpy=={v('numpy')}" in reqs and f"cloudpickle=={v('cloudpickle')}" in reqs
+
+
+def test_known_requirements_keep_the_users_choice() -> None:
+    pins = requirements.installed()
+    assert requirements.with_known_requirements({"step": 3}) == {
+        "step": 3, "pip_requirements": pins
+    }
+    assert requirements.with_known_requirements({"extra_pip_requirements": ["x==1"]}) == {
+        "pip_requirements": [*pins, "x==1"]
+    }
+    mine = {"pip_requirements": ["tensorflow"]}
+    assert requirements.with_known_requirements(mine) == mine
+    assert requirements.with_known_requirements({"conda_env": "env.yaml"}) == {
+        "conda_env": "env.yaml"
+    }
+    assert requirements.installed(("not-a-package-xyz", "numpy")) == [
+        f"numpy=={importlib.metadata.version('numpy')}"
+    ]
 
 
 def test_resume_after_a_failure_continues_from_the_last_checkpoint(store: str) -> None:

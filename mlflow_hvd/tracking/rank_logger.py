@@ -31,6 +31,7 @@ from typing import Any
 from mlflow_hvd import scratch
 from mlflow_hvd.errors import ConfigurationError, TrackingError
 from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
+from mlflow_hvd.tracking import requirements
 from mlflow_hvd.tracking.delivery import Delivery, is_outage
 
 SERVER_CONNECT_TIMEOUT = 10.0  # seconds rank 0 gives the tracking server to accept
@@ -309,7 +310,9 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     Synchronous: waits (within the job's ``tracking_timeout``) for everything queued, then
     uploads; against an unreachable server it raises after MLflow's HTTP retries. The model
     is linked to the run's metrics at the latest step logged (``step=`` overrides) and
-    names the driver's program as its source (not the worker).
+    names the driver's program as its source (not the worker). Its pip requirements are
+    the installed versions of TensorFlow, Keras, NumPy and cloudpickle (pass
+    ``pip_requirements``, ``extra_pip_requirements`` or ``conda_env`` to choose).
 
     Returns:
         ``mlflow.models.model.ModelInfo`` on rank 0, None elsewhere.
@@ -324,6 +327,7 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     mlflow.set_tracking_uri(logger.target.tracking_uri)
     kwargs.setdefault("step", logger.last_step)
     kwargs["tags"] = {**logger.source_tags, **(kwargs.get("tags") or {})}
+    kwargs = requirements.with_known_requirements(kwargs)  # no inference subprocess
     return mlflow.tensorflow.log_model(model, name=name, run_id=logger.target.run_id, **kwargs)
 
 

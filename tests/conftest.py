@@ -70,12 +70,14 @@ def store(tmp_path: Path) -> Iterator[str]:
 
 
 def worker_processes() -> list[psutil.Process]:
-    """Live mlflow_hvd worker processes on this machine."""
+    """Live mlflow_hvd worker processes of this checkout's interpreter on this machine
+    (another checkout's test suite may run at the same time)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = proc.info["cmdline"] or []
-            if "mlflow_hvd.rank.worker" in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            ours = bool(cmd) and cmd[0] == sys.executable and "mlflow_hvd.rank.worker" in cmd
+            if ours and proc.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

@@ -43,6 +43,20 @@ def test_np_minus_one_is_a_single_process_and_verbosity_all_streams_stdout(
     assert runner.run(workers.echo, a=1, b=[2, 3]) == {"kwargs": {"a": 1, "b": [2, 3]}, "rank": 0}
 
 
+def test_ranks_leave_without_atexit_hooks_and_lose_no_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rank ends with os._exit once its result is delivered (documented: atexit hooks of
+    user code do not run); its buffered stdout is still flushed and shown."""
+    runner = HorovodRunner(np=-2, driver_log_verbosity="all", track=False)
+    hook = tmp_path / "atexit-ran"
+    assert runner.run(workers.register_atexit, path=str(hook)) == "returned"
+    out = capsys.readouterr().out
+    assert "[0]<stdout>: printed just before returning\n" in out
+    assert "[1]<stdout>: printed just before returning\n" in out
+    assert not hook.exists()
+
+
 def test_exception_on_rank_1_is_the_root_cause_with_its_traceback() -> None:
     with pytest.raises(WorkerFailedError) as info:
         HorovodRunner(np=-2, stop_grace=2).run(workers.raise_on_rank_1)

@@ -89,7 +89,7 @@ class RankSlot:
 
 @dataclass(frozen=True)
 class LayoutReport:
-    """A Spark task reports the layout it computed from the barrier ``allGather``.
+    """A Spark task reports the layout it computed from the barrier's task addresses.
 
     The driver initialises the rendezvous server with the first report (before any rank
     starts, because the task waits for the acknowledgement) and checks the others agree.

@@ -17,6 +17,7 @@ from mlflow_hvd.layout import rank_env, worker_command, worker_env
 from mlflow_hvd.messages import Bootstrap, RankSlot
 
 PAYLOAD_FILE = "payload.pkl"
+HOST_NAME_VAR = "MLFLOW_HVD_HOST"  # the rank's host as messages name it
 
 
 @contextmanager
@@ -40,16 +41,20 @@ def worker_launch(
     iface: str,
     cwd: str | None,
     python: str | None = None,
+    host_name: str | None = None,
 ) -> WorkerLaunch:
     """How to start the worker of ``slot.rank``: command, environment and bootstrap.
 
     ``driver_host`` is the address this host uses to reach the driver (its channel and
-    horovod's rendezvous server); ``iface`` the network interface Gloo uses.
+    horovod's rendezvous server); ``iface`` the network interface Gloo uses; ``host_name``
+    the name this host goes by in messages (default: the slot's host, e.g. an address).
     """
+    host = host_name or slot.hostname
     env = worker_env(os.environ, rank_env(slot, driver_host, job.rendezvous_port, iface))
+    env[HOST_NAME_VAR] = host
     return WorkerLaunch(
         rank=slot.rank,
-        host=slot.hostname,
+        host=host,
         command=tuple(worker_command(python)),
         env=env,
         bootstrap=Bootstrap(

@@ -86,11 +86,10 @@ def run_job(
                 backend.stop()
             backend.close()
     finally:
-        # horovod's server polls for shutdown every 0.5 s: stop it alongside the channel
-        stopper = threading.Thread(target=rendezvous.stop, name="mlflow-hvd-rdv-stop")
-        stopper.start()
+        # horovod's server notices a shutdown request only at its next 0.5 s poll: every
+        # rank has left it, so let it wind down in the background instead of waiting
+        threading.Thread(target=rendezvous.stop, name="mlflow-hvd-rdv-stop", daemon=True).start()
         channel.stop()
-        stopper.join(timeout=10)
 
 
 def new_job_id() -> str:

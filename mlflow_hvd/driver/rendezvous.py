@@ -22,7 +22,7 @@ class LayoutMismatch:
 class Rendezvous:
     """Starts horovod's ``RendezvousServer`` on a free port and initialises it exactly once.
 
-    Every task reports the layout it computed from the barrier ``allGather``; all must agree
+    Every task reports the layout it computed from the barrier's task addresses; all must agree
     with the first one, or the job cannot rendezvous.
     """
 

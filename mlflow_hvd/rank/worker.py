@@ -58,7 +58,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
-    host = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())
+    host = (os.environ.get("MLFLOW_HVD_HOST") or os.environ.get("HOROVOD_HOSTNAME")
+            or socket.gethostname())
     client = ChannelClient(
         boot.driver_host, boot.driver_port, bytes.fromhex(boot.secret_hex), boot.channel_timeout
     )

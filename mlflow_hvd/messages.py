@@ -51,6 +51,9 @@ class TrackingTarget:
     experiment_id: str
     system_metrics: bool = False
     drain_timeout: float = 30.0  # seconds rank 0 delivers what is queued after ``main``
+    # The driver created this run for this job and no attempt ran yet: it has no checkpoint
+    # (restore_from_checkpoint need not ask the server)
+    new_run: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -216,6 +217,8 @@ class HorovodRunner:
         attempt: int = 0,
     ) -> Any:
         self.last_job_id = job_id = new_job_id()
+        if target is not None and attempt > 0:  # an earlier attempt may have checkpointed
+            target = dataclasses.replace(target, new_run=False)
         value = run_job(
             abs(self.num_processor),
             dumps_payload(code, target, attempt),

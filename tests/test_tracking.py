@@ -17,7 +17,7 @@ from services import start_mlflow_server, stop_group, wait_until
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
 from mlflow_hvd.errors import TrackingError
-from mlflow_hvd.tracking.driver_run import absolute_tracking_uri
+from mlflow_hvd.tracking.driver_run import absolute_tracking_uri, driver_run
 
 
 @pytest.mark.parametrize(
@@ -61,6 +61,20 @@ def test_only_rank_0_logs_into_the_driver_run(store: str) -> None:
     assert tags["mlflow_hvd.tensorflow_version"] == "2.18.1"
     assert [a.path for a in client.list_artifacts(run_id, "info")] == ["info/rank.json"]
     assert mlflow.active_run() is None  # the run the runner started is ended
+
+
+def test_only_a_run_the_driver_creates_is_known_to_have_no_checkpoint(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """restore_from_checkpoint skips its MLflow query only for a run created by this job."""
+    with driver_run(1, {"backend": "local"}) as target:
+        assert target.new_run
+    with mlflow.start_run() as active, driver_run(1, {"backend": "local"}) as target:
+        assert target.run_id == active.info.run_id and not target.new_run
+    earlier = mlflow.MlflowClient().create_run("0").info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", earlier)  # as `mlflow run` resumes a run
+    with driver_run(1, {"backend": "local"}) as target:
+        assert target.run_id == earlier and not target.new_run
 
 
 def test_active_run_is_used_and_left_open(store: str) -> None:

@@ -107,7 +107,8 @@ def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> in
     initial_epoch = 0
     target = tracking.tracking_target()
     source = run_id or (target.run_id if target else None)
-    if hvd.rank() == 0 and source is not None:
+    known_empty = target is not None and source == target.run_id and target.new_run
+    if hvd.rank() == 0 and source is not None and not known_empty:
         uri = target.tracking_uri if target else None
         ref = checkpoints.latest(source, uri)
         if ref is not None:

@@ -130,6 +130,7 @@ def driver_run(
     with store_lock(uri):
         active = mlflow.active_run()
         owned = active is None
+        new_run = owned and not os.environ.get("MLFLOW_RUN_ID")  # not resuming a run
         run = active if active is not None else mlflow.start_run()  # honours MLFLOW_RUN_ID
         client = mlflow.MlflowClient()
         run_id = run.info.run_id
@@ -140,6 +141,7 @@ def driver_run(
         experiment_id=run.info.experiment_id,
         system_metrics=system_metrics,
         drain_timeout=bookkeeping_timeout,
+        new_run=new_run,
     )
     ending = _Ending(client, target, owned, bookkeeping_timeout,
                      undelivered_dir or undelivered.default_root())

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlflow_hvd.errors import AuthenticationError, ChannelError
-from mlflow_hvd.messages import RankDisconnected, WorkerStarted
+from mlflow_hvd.messages import RankDisconnected, Request, Retire, WorkerStarted
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ _MAC_SIZE = 32
 _NONCE_SIZE = 32
 ACK_OK = b"\x01"
 ACK_REJECTED = b"\x00"
+ACK_REPLY = b"\x02"  # a signed frame with the driver's answer follows (requests only)
 DEFAULT_MAX_FRAME = 1 << 31  # 2 GiB: a rank-0 return value larger than this is refused
 HANDSHAKE_TIMEOUT = 10.0
 FRAME_TIMEOUT = 60.0
@@ -161,12 +162,16 @@ class _Handler(socketserver.BaseRequestHandler):
                     return
                 if rank is None and isinstance(message, WorkerStarted):
                     rank = message.rank  # this connection is the rank's own process
+                if isinstance(message, Request):
+                    answer = ACK_REPLY + encode_frame(self.server.secret, self._answer(message))
+                else:
+                    answer = ACK_OK
+                    try:
+                        self.server.on_message(message)
+                    except Exception:  # the driver's handler must not kill this thread
+                        log.exception("driver failed to handle %r", type(message).__name__)
                 try:
-                    self.server.on_message(message)
-                except Exception:  # the driver's handler must not kill the connection thread
-                    log.exception("driver failed to handle %r", type(message).__name__)
-                try:
-                    sock.sendall(ACK_OK)
+                    sock.sendall(answer)
                 except OSError:
                     return
         finally:
@@ -174,6 +179,17 @@ class _Handler(socketserver.BaseRequestHandler):
             if rank is not None:  # the process is gone (or closed its channel)
                 with contextlib.suppress(Exception):
                     self.server.on_message(RankDisconnected(rank))
+
+    def _answer(self, request: Request) -> object:
+        """The driver's answer to ``request`` (may wait as long as the driver decides);
+        :class:`Retire` when nobody answers requests or the answer failed."""
+        if self.server.on_request is None:
+            return Retire()
+        try:
+            return self.server.on_request(request)
+        except Exception:
+            log.exception("driver failed to answer %r", type(request).__name__)
+            return Retire()
 
     def _reject(self, sock: socket.socket, exc: Exception) -> None:
         self.server.note_rejected(self.client_address, exc)
@@ -186,10 +202,15 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
     def __init__(
-        self, address: tuple[str, int], secret: bytes, on_message: Callable[[Any], None]
+        self,
+        address: tuple[str, int],
+        secret: bytes,
+        on_message: Callable[[Any], None],
+        on_request: Callable[[Any], object] | None = None,
     ) -> None:
         self.secret = secret
         self.on_message = on_message
+        self.on_request = on_request
         self.rejected: list[str] = []
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
@@ -221,12 +242,18 @@ class ChannelServer:
             the sender waits until it returns.
         bind_host: Address to listen on: the one workers connect to (loopback for local
             processes, the driver's address for Spark executors).
+        on_request: Answers a :class:`~mlflow_hvd.messages.Request` (in the connection's
+            thread; the sender waits for the answer). None: every request gets ``Retire``.
     """
 
     def __init__(
-        self, secret: bytes, on_message: Callable[[Any], None], bind_host: str = ""
+        self,
+        secret: bytes,
+        on_message: Callable[[Any], None],
+        bind_host: str = "",
+        on_request: Callable[[Any], object] | None = None,
     ) -> None:
-        self._server = _TCPServer((bind_host, 0), secret, on_message)
+        self._server = _TCPServer((bind_host, 0), secret, on_message, on_request)
         self._thread: threading.Thread | None = None
 
     @property
@@ -323,6 +350,38 @@ class ChannelClient:
                 f"the driver at {self._address[0]}:{self._address[1]} closed the connection "
                 f"while handling {type(message).__name__}"
             )
+
+    def request(self, message: Request) -> object:
+        """Send a request and return the driver's signed answer.
+
+        Waits as long as the driver takes to decide (a pooled rank idles here between
+        jobs); ends when the driver answers, closes the connection or dies.
+
+        Raises:
+            AuthenticationError: The answer is not signed with this run's secret.
+            ChannelError: The driver is gone.
+        """
+        frame = encode_frame(self._secret, message)
+        with self._lock:
+            try:
+                self._sock.sendall(frame)
+                self._sock.settimeout(None)  # the driver decides when; its exit ends this
+                try:
+                    ack = self._sock.recv(1)
+                finally:
+                    self._sock.settimeout(self._timeout)
+                if ack == ACK_REPLY:
+                    return read_frame(self._sock, self._secret, frame_timeout=self._timeout)
+            except (OSError, EOFError) as exc:
+                raise ChannelError(
+                    f"lost the connection to the driver at {self._address[0]}:"
+                    f"{self._address[1]} while waiting for its answer to "
+                    f"{type(message).__name__}: {exc}"
+                ) from exc
+        raise ChannelError(
+            f"the driver at {self._address[0]}:{self._address[1]} did not answer "
+            f"{type(message).__name__} (ack {ack!r})"
+        )
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -32,6 +32,7 @@ class Bootstrap:
     payload_path: str
     parent_pid: int
     channel_timeout: float
+    pooled: bool = False  # after a job, ask the driver for the next one (a warm pool)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -169,6 +170,34 @@ class UndeliveredTracking:
     records: tuple[tuple[Any, ...], ...]
     files: tuple[tuple[str, bytes], ...]
     reason: str
+
+
+class Request:
+    """Base of the messages the driver answers with a message of its own (not just an
+    ack); the sender waits for that answer."""
+
+
+@dataclass(frozen=True)
+class AwaitJob(Request, FromRank):
+    """A pooled worker finished its job (Horovod shut down, state cleared) and asks for the
+    next one. Answered with :class:`NextJob` or :class:`Retire`."""
+
+
+@dataclass(frozen=True)
+class NextJob:
+    """Driver -> pooled worker: run this pickled :class:`Payload` next."""
+
+    payload: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Retire:
+    """Driver -> pooled worker: the pool is closing; exit."""
+
+
+JOB_END_MARK = "\x00mlflow_hvd: job done\x00"
+"""A pooled worker prints this line on stdout and stderr after each job's last output; its
+agent then reports the job's end for that rank (all output of the job precedes it)."""
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -24,6 +25,9 @@ from mlflow_hvd.errors import (
 from mlflow_hvd.messages import Code, TrackingTarget, UndeliveredTracking
 from mlflow_hvd.options import check_np, check_positive_int, check_seconds
 from mlflow_hvd.tracking import attempts
+
+if TYPE_CHECKING:
+    from mlflow_hvd.driver.pool import RankPool
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +143,7 @@ class HorovodRunner:
         self._tracking_timeout = check_seconds("tracking_timeout", tracking_timeout)
         self._undelivered_dir = undelivered_dir
         self._max_failures = check_positive_int("max_failures", max_failures, 0)
+        self._pool: RankPool | None = None
         self.last_job_id: str | None = None
         self.last_run_id: str | None = None
         """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
@@ -146,6 +151,15 @@ class HorovodRunner:
     @property
     def np(self) -> int:
         return self.num_processor
+
+    @property
+    def log_prefix(self) -> str:
+        """Put before every worker line shown on the driver (settable between runs)."""
+        return self._settings.log_prefix
+
+    @log_prefix.setter
+    def log_prefix(self, prefix: str) -> None:
+        self._settings = dataclasses.replace(self._settings, log_prefix=str(prefix))
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank, each in a fresh Python process.
@@ -171,7 +185,7 @@ class HorovodRunner:
 
             with driver_run(
                 self.num_processor,
-                self._backend()[0].describe(),
+                self._describe_backend(),
                 self._system_metrics,
                 self._tracking_timeout,
                 self._undelivered_dir,
@@ -189,9 +203,8 @@ class HorovodRunner:
         for attempt in range(self._max_failures + 1):
             if record is not None:
                 attempts.started(record, attempt, self._tracking_timeout)
-            backend, driver_host = self._backend()
             try:
-                return self._launch(main, code, backend, driver_host, target, attempt)
+                return self._launch(main, code, target, attempt)
             except (WorkerFailedError, BackendError) as exc:
                 failures.append(exc)
                 if record is not None:
@@ -211,26 +224,50 @@ class HorovodRunner:
         self,
         main: Callable[..., Any],
         code: Code,
-        backend: Backend,
-        driver_host: str,
         target: TrackingTarget | None,
         attempt: int = 0,
     ) -> Any:
         self.last_job_id = job_id = new_job_id()
         if target is not None and attempt > 0:  # an earlier attempt may have checkpointed
             target = dataclasses.replace(target, new_run=False)
-        value = run_job(
-            abs(self.num_processor),
-            dumps_payload(code, target, attempt),
-            backend,
-            self._settings,
-            driver_host,
-            f"HorovodRunner(np={self.num_processor}).run({_name(main)})"
-            + (f" attempt {attempt}" if attempt else ""),
-            job_id=job_id,
-            on_undelivered=self._save_undelivered,
+        payload = dumps_payload(code, target, attempt)
+        description = f"HorovodRunner(np={self.num_processor}).run({_name(main)})" + (
+            f" attempt {attempt}" if attempt else ""
         )
+        if self._pool is not None:
+            value = self._pool.run(payload, description, sys.stdout, job_id,
+                                   self._save_undelivered, self._settings)
+        else:
+            backend, driver_host = self._backend()
+            value = run_job(
+                abs(self.num_processor), payload, backend, self._settings, driver_host,
+                description, job_id=job_id, on_undelivered=self._save_undelivered,
+            )
         return cloudpickle.loads(value)
+
+    def __enter__(self) -> HorovodRunner:
+        """Keep the ranks warm between ``run`` calls until the ``with`` block ends.
+
+        Inside the block, ranks (local processes, or the tasks of one Spark barrier stage)
+        stay up after a job, with TensorFlow, Horovod and MLflow imported, and run the next
+        ``run``'s function: Horovod is shut down and Keras' state cleared between jobs, so
+        ``main`` calls ``hvd.init()`` as usual. A job that fails stops its ranks; the next
+        ``run`` starts new ones. Leaving the block retires the ranks and frees the Spark
+        slots, on every exit path. Module-level state of user code (globals, TF settings
+        made before ``hvd.init``, e.g. GPU visibility) carries over between jobs.
+        """
+        if self._pool is not None:
+            raise ConfigurationError("this HorovodRunner's ranks are already kept warm "
+                                     "(nested `with runner:`)")
+        from mlflow_hvd.driver.pool import RankPool
+
+        self._pool = RankPool(abs(self.num_processor), self._backend, self._settings)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     def _save_undelivered(self, message: UndeliveredTracking) -> None:
         """Keep what rank 0 could not deliver, and say how much and where."""
@@ -245,15 +282,28 @@ class HorovodRunner:
             what, message.host, message.tracking_uri, message.reason, path, path,
         )
 
+    def _describe_backend(self) -> dict[str, str]:
+        """The backend's facts for the run's tags, without starting anything."""
+        if self.num_processor < 0:
+            return {"backend": LocalBackend.name}
+        from mlflow_hvd.backends.spark import SparkBackend
+
+        master = str(self._session().sparkContext.master)
+        return {"backend": SparkBackend.name, "spark_master": master}
+
+    def _session(self) -> Any:
+        from mlflow_hvd.backends.spark.session import get_or_create_session
+
+        return self._spark or get_or_create_session(
+            self.num_processor, self._spark_master, self._slot_timeout
+        )
+
     def _backend(self) -> tuple[Backend, str]:
         if self.num_processor < 0:
             return LocalBackend(), "127.0.0.1"
         from mlflow_hvd.backends.spark import SparkBackend
-        from mlflow_hvd.backends.spark.session import get_or_create_session
 
-        spark = self._spark or get_or_create_session(
-            self.num_processor, self._spark_master, self._slot_timeout
-        )
+        spark = self._session()
         host = spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
         return SparkBackend(spark, self._slot_timeout), resolve_host(host)
 

@@ -393,3 +393,21 @@ def register_atexit(path: str) -> str:
     atexit.register(lambda: open(path, "w").close())
     print("printed just before returning", flush=False)
     return "returned"
+
+
+def pool_probe(k: int, fail: bool = False) -> dict[str, Any]:
+    """Every rank: Horovod from scratch, an allreduce of rank + k, a fresh Keras layer name,
+    metric ``k`` from rank 0; returns rank 0's view (pids of every rank included)."""
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    from mlflow_hvd import tracking
+
+    hvd.init()
+    total = hvd.allreduce(tf.constant([float(hvd.rank() + k)]), op=hvd.Sum).numpy().tolist()
+    pids = hvd.allgather_object(os.getpid())
+    tracking.log_metric("k", float(k), step=0)
+    if fail and hvd.rank() == 1:
+        raise RuntimeError(f"job {k} fails on rank 1")
+    return {"sum": total, "pids": pids, "layer": keras.layers.Dense(1).name, "size": hvd.size()}

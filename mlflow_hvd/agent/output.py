@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import queue
 import sys
+from collections.abc import Callable
 from typing import IO, cast
 
-from mlflow_hvd.messages import Message, OutputLines, Sink, Stream
+from mlflow_hvd.messages import JOB_END_MARK, Message, OutputLines, Sink, Stream
 
 _BATCH = 256
 EOF = object()
+JOB_END = object()  # the pump's stand-in for a JOB_END_MARK line
+_PIPED = (Stream.STDOUT, Stream.STDERR)
 
 
 def read_line(stream: IO[bytes], limit: int) -> str | None:
@@ -41,14 +44,23 @@ def pump(stream: IO[bytes] | None, kind: Stream, out: queue.Queue[object], limit
         return
     try:
         while (line := read_line(stream, limit)) is not None:
-            out.put((kind, line))
+            out.put((kind, JOB_END if line == JOB_END_MARK else line))
     except (OSError, ValueError):
         pass
 
 
-def send_batches(lines: queue.Queue[object], rank: int, sink: Sink) -> None:
-    """Forward lines in order, batching whatever has queued up while the last send ran."""
+def send_batches(
+    lines: queue.Queue[object],
+    rank: int,
+    sink: Sink,
+    job_end: Callable[[], Message] | None = None,
+) -> None:
+    """Forward lines in order, batching whatever has queued up while the last send ran.
+
+    A pooled worker ends each job with :data:`JOB_END_MARK` on both streams; once both are
+    read, every line of that job has been forwarded and ``job_end()`` is sunk."""
     done = False
+    ended: set[Stream] = set()
     while not done:
         item = lines.get()
         batch = [item]
@@ -64,6 +76,15 @@ def send_batches(lines: queue.Queue[object], rank: int, sink: Sink) -> None:
                 done = True
                 break
             kind, text = cast(tuple[Stream, str], entry)
+            if text is JOB_END:
+                ended.add(kind)
+                if len(ended) == len(_PIPED) and job_end is not None:
+                    if group and current is not None:
+                        _safe_sink(sink, OutputLines(rank, current, tuple(group)))
+                    group, current = [], None
+                    ended.clear()
+                    _safe_sink(sink, job_end())
+                continue
             if kind is not current and group and current is not None:
                 _safe_sink(sink, OutputLines(rank, current, tuple(group)))
                 group = []

@@ -89,8 +89,13 @@ def _start_relays(
         )
         for stream, kind in ((proc.stdout, Stream.STDOUT), (proc.stderr, Stream.STDERR))
     ]
+    def job_end() -> WorkerExited:  # a pooled worker finished one job (and stays up)
+        return WorkerExited(launch.rank, launch.host, 0, time.time())
+
     threads.append(
-        threading.Thread(target=send_batches, args=(lines, launch.rank, sink), daemon=True)
+        threading.Thread(
+            target=send_batches, args=(lines, launch.rank, sink, job_end), daemon=True
+        )
     )
     for t in threads:
         t.start()

@@ -64,6 +64,7 @@ def worker_launch(
             payload_path=payload_path,
             parent_pid=os.getpid(),
             channel_timeout=job.channel_timeout,
+            pooled=job.pooled,
         ),
         cwd=cwd,
         max_line_bytes=job.max_line_bytes,

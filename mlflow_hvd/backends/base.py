@@ -26,6 +26,8 @@ class JobSpec:
         max_line_bytes: Output lines longer than this are truncated with a marker.
         stop_grace: Seconds between SIGTERM and SIGKILL when stopping a worker.
         gloo_iface: Network interface for Gloo; None picks the one that routes to the driver.
+        pooled: Workers stay up after the job and ask the driver for the next one
+            (:mod:`mlflow_hvd.driver.pool`).
     """
 
     np: int
@@ -40,6 +42,7 @@ class JobSpec:
     max_line_bytes: int = 16384
     stop_grace: float = 5.0
     gloo_iface: str | None = None
+    pooled: bool = False
 
 
 class Backend(Protocol):

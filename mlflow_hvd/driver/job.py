@@ -43,18 +43,7 @@ def run_job(
     """
     events: queue.Queue[object] = queue.Queue()
     rendezvous = Rendezvous()
-
-    def on_message(message: object) -> None:
-        if isinstance(message, LayoutReport):
-            mismatch = rendezvous.on_layout(message)
-            if mismatch is not None:
-                events.put(mismatch)
-        elif isinstance(message, UndeliveredTracking):
-            if on_undelivered is not None:
-                on_undelivered(message)
-        else:
-            events.put(message)
-
+    on_message = message_router(events, rendezvous, on_undelivered)
     secret = secrets.token_bytes(32)
     try:  # listen only where workers connect (loopback for local processes)
         channel = ChannelServer(secret, on_message, bind_host=driver_host)
@@ -90,6 +79,28 @@ def run_job(
         # rank has left it, so let it wind down in the background instead of waiting
         threading.Thread(target=rendezvous.stop, name="mlflow-hvd-rdv-stop", daemon=True).start()
         channel.stop()
+
+
+def message_router(
+    events: queue.Queue[object],
+    rendezvous: Rendezvous,
+    on_undelivered: Callable[[UndeliveredTracking], None] | None,
+) -> Callable[[object], None]:
+    """Where each incoming message goes: a layout to the rendezvous (a mismatch, and
+    everything else but undelivered tracking, to the driver loop's queue)."""
+
+    def on_message(message: object) -> None:
+        if isinstance(message, LayoutReport):
+            mismatch = rendezvous.on_layout(message)
+            if mismatch is not None:
+                events.put(mismatch)
+        elif isinstance(message, UndeliveredTracking):
+            if on_undelivered is not None:
+                on_undelivered(message)
+        else:
+            events.put(message)
+
+    return on_message
 
 
 def new_job_id() -> str:

@@ -28,7 +28,16 @@ import cloudpickle
 from mlflow_hvd import code_sources
 from mlflow_hvd.channel import ChannelClient
 from mlflow_hvd.errors import TrackingError
-from mlflow_hvd.messages import Bootstrap, Payload, WorkerError, WorkerResult, WorkerStarted
+from mlflow_hvd.messages import (
+    JOB_END_MARK,
+    AwaitJob,
+    Bootstrap,
+    NextJob,
+    Payload,
+    WorkerError,
+    WorkerResult,
+    WorkerStarted,
+)
 from mlflow_hvd.procs import set_parent_death_signal
 from mlflow_hvd.rank import context, keras_guard
 from mlflow_hvd.tracking import rank_logger as tracking
@@ -66,11 +75,25 @@ def main() -> int:
     global _client
     _client = client
     context.install(client, rank)
-    client.send(WorkerStarted(rank, host))
+    keras_guard.install()  # before the user's code can import Horovod's Keras layer
+    with open(boot.payload_path, "rb") as f:
+        payload_bytes = f.read()
+    while True:
+        client.send(WorkerStarted(rank, host))
+        code = _run_job(client, rank, host, payload_bytes)
+        if code != 0 or not boot.pooled:
+            return code
+        _end_pooled_job()
+        answer = client.request(AwaitJob(rank))
+        if not isinstance(answer, NextJob):  # Retire: the pool is closing
+            return 0
+        payload_bytes = answer.payload
+
+
+def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes) -> int:
+    """Run one job's ``main`` and report its outcome; returns the exit code it earns."""
     try:
-        keras_guard.install()  # before the user's code can import Horovod's Keras layer
-        with open(boot.payload_path, "rb") as f:
-            payload: Payload = pickle.load(f)
+        payload: Payload = pickle.loads(payload_bytes)
         main_fn, kwargs = cloudpickle.loads(payload.code.pickled)
         context.install(client, rank, payload.attempt)
         code_sources.restore([main_fn, kwargs], payload.code.code_files, payload.code.code_texts)
@@ -94,6 +117,29 @@ def main() -> int:
         sys.stdout.flush()
         sys.stderr.flush()
     return 0
+
+
+def _end_pooled_job() -> None:
+    """Leave the process as the next job expects it: Horovod shut down (the next ``main``
+    calls ``hvd.init()`` again), Keras' global state cleared, then the end-of-job mark on
+    both streams after everything the job printed."""
+    _shutdown_horovod()
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        keras.backend.clear_session(free_memory=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mark = (JOB_END_MARK + "\n").encode()
+    os.write(1, mark)
+    os.write(2, mark)
+
+
+def _shutdown_horovod() -> None:
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is not None:
+        with contextlib.suppress(Exception):
+            if hvd.is_initialized():
+                hvd.shutdown()
 
 
 _client: ChannelClient | None = None
@@ -162,11 +208,8 @@ def _leave(code: int) -> None:
     finish the same way); a failed rank leaves at once, because Horovod's shutdown would
     wait for peers that are still inside a collective while the driver is stopping them.
     """
-    hvd = sys.modules.get("horovod.tensorflow")
-    if code == 0 and hvd is not None:
-        with contextlib.suppress(Exception):
-            if hvd.is_initialized():
-                hvd.shutdown()
+    if code == 0:
+        _shutdown_horovod()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

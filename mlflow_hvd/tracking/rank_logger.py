@@ -111,13 +111,13 @@ def configure(target: TrackingTarget | None, rank: int, local_rank: int, host: s
         TrackingError: On rank 0, a tracking server that does not accept connections from
             this host (checked before training, not after it).
     """
-    global _target, _rank, _logger, _monitor, _host
+    global _target, _rank, _logger, _monitor, _host, _closing
     if target is not None and rank == 0:
         for key, value in HTTP_DEFAULTS.items():
             os.environ.setdefault(key, value)
         check_server_reachable(target.tracking_uri, f"rank 0 on host {host}")
     with _lock:
-        _target, _rank, _logger, _host = target, rank, None, host
+        _target, _rank, _logger, _host, _closing = target, rank, None, host, None
         if target is not None and target.system_metrics and local_rank == 0:
             _monitor = _start_system_metrics(target, host)
 

@@ -1,0 +1,237 @@
+"""A warm pool of ranks: the processes of one job stay up and run the next job too.
+
+Without a pool every ``run`` starts ``np`` fresh Python processes, and each pays for
+importing TensorFlow, Horovod and MLflow, for Spark's stage and for its exit. A pool keeps
+one generation of ranks (one set of local processes, or one Spark barrier stage whose
+tasks stay in their worker) with everything imported. After a job each pooled worker shuts
+Horovod down, clears Keras' state and asks the driver for the next job
+(:class:`~mlflow_hvd.messages.AwaitJob`); the driver answers with the next payload, or
+``Retire`` when the pool closes.
+
+A job that fails (a rank raised, died or was stopped, a deadline passed) ends its
+generation: every rank is stopped and the backend released; the next ``run`` starts a new
+generation. Closing the pool retires the ranks, waits a bounded time for them and the
+backend (a Spark stage frees its slots), and stops the driver's servers, on every path.
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from mlflow_hvd.backends.base import Backend, JobSpec
+from mlflow_hvd.channel import ChannelServer
+from mlflow_hvd.driver.job import message_router, new_job_id
+from mlflow_hvd.driver.rendezvous import Rendezvous
+from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
+from mlflow_hvd.errors import BackendError
+from mlflow_hvd.layout import to_slot_infos
+from mlflow_hvd.messages import (
+    AwaitJob,
+    NextJob,
+    RankDisconnected,
+    Retire,
+    UndeliveredTracking,
+    WorkerError,
+    WorkerExited,
+)
+
+RETIRE_WAIT = 15.0  # seconds retired ranks and the backend get to end before being stopped
+
+
+class _Generation:
+    """One set of live ranks: the driver's servers, the backend, and the ranks' requests."""
+
+    def __init__(
+        self,
+        np: int,
+        backend: Backend,
+        driver_host: str,
+        settings: DriverSettings,
+        on_undelivered: Callable[[UndeliveredTracking], None] | None,
+    ) -> None:
+        self.np, self.backend, self.settings = np, backend, settings
+        self.events: queue.Queue[object] = queue.Queue()
+        self.rendezvous = Rendezvous()
+        self._cond = threading.Condition()
+        self._waiting: set[int] = set()
+        self._handed = 0  # jobs handed out after the first
+        self._payload = b""
+        self._retiring = False
+        route = message_router(self.events, self.rendezvous, on_undelivered)
+        self.secret = secrets.token_bytes(32)
+        try:
+            self.channel = ChannelServer(self.secret, route, driver_host, self._on_request)
+        except OSError:  # not an address of this host (e.g. NAT): listen on every interface
+            self.channel = ChannelServer(self.secret, route, "", self._on_request)
+        self.driver_host = driver_host
+        self.port = self.channel.start()
+
+    def first_job(self, payload: bytes, job_id: str, description: str) -> JobSpec:
+        return JobSpec(
+            np=self.np,
+            payload=payload,
+            secret=self.secret,
+            driver_host=self.driver_host,
+            channel_port=self.port,
+            rendezvous_port=self.rendezvous.port,
+            job_id=job_id,
+            description=description,
+            channel_timeout=self.settings.channel_timeout,
+            max_line_bytes=self.settings.max_line_bytes,
+            stop_grace=self.settings.stop_grace,
+            gloo_iface=self.settings.gloo_iface,
+            pooled=True,
+        )
+
+    def _on_request(self, request: object) -> object:
+        """A rank finished its job: hold it until the next job or the pool's close."""
+        if not isinstance(request, AwaitJob):
+            return Retire()
+        with self._cond:
+            self._waiting.add(request.rank)
+            self._cond.notify_all()
+            handed = self._handed
+            while self._handed == handed and not self._retiring:
+                self._cond.wait()
+            self._waiting.discard(request.rank)
+            return Retire() if self._retiring else NextJob(self._payload)
+
+    def hand_out(self, payload: bytes, deadline: float) -> None:
+        """Give ``payload`` to every rank once all wait for it.
+
+        Raises:
+            BackendError: A rank died between jobs, or not every rank asked for the next
+                job within the deadline (the caller replaces the generation).
+        """
+        with self._cond:
+            while True:
+                gone = self._gone_between_jobs()  # a dead rank's request may still wait
+                if gone:
+                    raise BackendError(f"a pooled rank ended between jobs: {gone}")
+                if len(self._waiting) >= self.np:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(range(self.np)) - self._waiting)
+                    raise BackendError(
+                        f"pooled ranks {', '.join(map(str, missing))} did not ask for the "
+                        "next job in time"
+                    )
+                self._cond.wait(min(left, 0.1))
+            self._drain_idle_messages()
+            if self.rendezvous.slots is not None:  # a fresh round for Horovod's next init
+                self.rendezvous.server.init(to_slot_infos(self.rendezvous.slots))
+            self._payload = payload
+            self._handed += 1
+            self._cond.notify_all()
+
+    def _gone_between_jobs(self) -> str:
+        """A description of ranks that ended while idle (their exit reports queued)."""
+        found = []
+        for message in list(self.events.queue):
+            if isinstance(message, WorkerExited):
+                found.append(f"rank {message.rank} on {message.host} (exit {message.exit_code})")
+            elif isinstance(message, RankDisconnected | WorkerError):
+                found.append(f"rank {message.rank}")
+        return "; ".join(found)
+
+    def _drain_idle_messages(self) -> None:
+        """Messages that arrived between jobs (stray output) belong to no job: drop them."""
+        while True:
+            try:
+                self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    def close(self, retire: bool) -> None:
+        """Retire (or stop) every rank, release the backend, stop the servers."""
+        with self._cond:
+            self._retiring = True
+            self._cond.notify_all()
+        try:
+            if not retire or not self.backend.wait(RETIRE_WAIT):
+                self.backend.stop()
+            self.backend.close()
+        finally:
+            threading.Thread(
+                target=self.rendezvous.stop, name="mlflow-hvd-rdv-stop", daemon=True
+            ).start()
+            self.channel.stop()
+
+
+class RankPool:
+    """Runs jobs of ``np`` ranks on warm processes (see the module docstring).
+
+    Args:
+        np: Number of ranks.
+        make_backend: Returns a new backend and the address workers reach the driver at;
+            called for each generation.
+        settings: The driver's deadlines and output settings.
+    """
+
+    def __init__(
+        self,
+        np: int,
+        make_backend: Callable[[], tuple[Backend, str]],
+        settings: DriverSettings,
+    ) -> None:
+        self.np = np
+        self._make_backend = make_backend
+        self._settings = settings
+        self._live: _Generation | None = None
+        self.generations = 0  # how many sets of ranks were started (1 + replacements)
+
+    def run(
+        self,
+        payload: bytes,
+        description: str,
+        out: TextIO,
+        job_id: str | None = None,
+        on_undelivered: Callable[[UndeliveredTracking], None] | None = None,
+        settings: DriverSettings | None = None,
+    ) -> bytes:
+        """Run one job on the pool's ranks (starting them if needed) and return rank 0's
+        cloudpickled value. A failed job ends the generation; the next run starts anew.
+
+        Raises:
+            WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError.
+        """
+        settings = settings or self._settings
+        started = False
+        try:
+            if self._live is not None:
+                try:
+                    self._live.hand_out(payload, time.monotonic() + settings.start_timeout)
+                except BackendError:
+                    self._discard()
+            if self._live is None:
+                backend, driver_host = self._make_backend()
+                self._live = _Generation(self.np, backend, driver_host, settings, on_undelivered)
+                self.generations += 1
+                spec = self._live.first_job(payload, job_id or new_job_id(), description)
+                backend.start(spec, self._live.events.put)
+            live = self._live
+            value = supervise(JobRecord(self.np), live.events, live.backend, settings, out)
+            started = True
+            return value
+        finally:
+            if not started:
+                self._discard()
+
+    def _discard(self) -> None:
+        """Stop the current generation's ranks now (after a failure)."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.close(retire=False)
+
+    def close(self) -> None:
+        """Retire the ranks and release everything; the pool may be used again (it then
+        starts a new generation). Idempotent."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.close(retire=True)

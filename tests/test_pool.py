@@ -1,0 +1,86 @@
+"""The warm rank pool: ``with HorovodRunner(...)`` keeps ranks up between runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import mlflow
+import psutil
+import pytest
+import workers
+from conftest import assert_no_workers_left, worker_processes
+
+from mlflow_hvd import HorovodRunner, WorkerFailedError
+from mlflow_hvd.errors import ConfigurationError
+
+
+def test_local_pool_reuses_its_ranks_with_fresh_horovod_keras_and_run(store: str) -> None:
+    runner = HorovodRunner(np=-2)
+    client = mlflow.MlflowClient()
+    with runner:
+        first = runner.run(workers.pool_probe, k=0)
+        run_ids = [runner.last_run_id]
+        second = runner.run(workers.pool_probe, k=5)
+        run_ids.append(runner.last_run_id)
+        assert len(worker_processes()) == 2  # idle between runs, not gone
+        assert runner._pool is not None and runner._pool.generations == 1
+    assert first["sum"] == [1.0] and second["sum"] == [11.0]  # (0+k) + (1+k)
+    assert first["pids"] == second["pids"]  # the same two processes ran both jobs
+    assert first["layer"] == second["layer"] == "dense"  # Keras' state was cleared
+    assert run_ids[0] != run_ids[1]  # each run() has its own MLflow run...
+    for run_id, k in zip(run_ids, (0, 5), strict=True):
+        run = client.get_run(str(run_id))
+        assert run.info.status == "FINISHED"
+        assert [m.value for m in client.get_metric_history(str(run_id), "k")] == [float(k)]
+    assert_no_workers_left()  # leaving the block retired the ranks
+
+
+def test_a_failed_job_replaces_the_ranks_and_the_pool_goes_on() -> None:
+    runner = HorovodRunner(np=-2, track=False, stop_grace=2)
+    with runner:
+        before = runner.run(workers.pool_probe, k=1)
+        with pytest.raises(WorkerFailedError) as info:
+            runner.run(workers.pool_probe, k=2, fail=True)
+        assert info.value.root_cause.rank == 1
+        assert "RuntimeError: job 2 fails on rank 1" in str(info.value)
+        after = runner.run(workers.pool_probe, k=3)
+        assert runner._pool is not None and runner._pool.generations == 2
+    assert after["sum"] == [7.0]
+    assert not set(before["pids"]) & set(after["pids"])  # new processes after the failure
+    assert_no_workers_left()
+
+
+def test_a_rank_killed_while_idle_is_replaced_at_the_next_run() -> None:
+    runner = HorovodRunner(np=-2, track=False, stop_grace=2)
+    with runner:
+        before = runner.run(workers.pool_probe, k=1)
+        os.kill(before["pids"][1], signal.SIGKILL)
+        psutil.Process(before["pids"][0])  # rank 0 is still there, idle
+        after = runner.run(workers.pool_probe, k=1)
+        assert runner._pool is not None and runner._pool.generations == 2
+    assert after["sum"] == [3.0]
+    assert after["pids"][1] != before["pids"][1]
+    assert_no_workers_left()
+
+
+def test_nested_warm_blocks_are_refused() -> None:
+    runner = HorovodRunner(np=-1, track=False)
+    with runner, pytest.raises(ConfigurationError, match="already kept warm"):
+        runner.__enter__()
+
+
+@pytest.mark.slow
+def test_spark_pool_keeps_one_barrier_stage_and_frees_its_slots_on_error(spark: Any) -> None:
+    runner = HorovodRunner(np=2, track=False, spark=spark)
+    tracker = spark.sparkContext.statusTracker()
+    with pytest.raises(KeyError), runner:
+        first = runner.run(workers.pool_probe, k=0)
+        second = runner.run(workers.pool_probe, k=1)
+        assert len(tracker.getActiveJobsIds()) == 1  # the stage stays up between runs
+        raise KeyError("the user's code fails inside the block")
+    assert first["sum"] == [1.0] and second["sum"] == [3.0]
+    assert first["pids"] == second["pids"] and first["size"] == 2
+    assert tracker.getActiveJobsIds() == []  # the slots are free again
+    assert_no_workers_left()

@@ -1,17 +1,21 @@
-"""Per-trial overhead of mlflow_hvd.sweep vs MLflow's examples/hyperparam pattern.
+"""Per-trial overhead of mlflow_hvd.sweep (warm ranks) vs one ``mlflow run`` per trial.
 
-Both run the same trials (the digits example, np=2 Spark ranks, 1 epoch, fixed params):
+Both arms run the same trial: the digits example, np=2 Spark ranks, 1 epoch, the same
+params, the final model logged (``log_model`` as ``examples/sweep.py`` and the ``main``
+entry point do).
 
-* mlflow_hvd: ``sweep(...)`` - trials one after another in this process, on one warm
-  SparkSession, each a nested MLflow run;
-* peer: one ``mlflow.projects.run(".", "main", env_manager="local")`` subprocess per
-  trial, as MLflow's examples/hyperparam does (each starts Python, Spark and MLflow anew).
+* mlflow_hvd: ``sweep(...)`` of ``--trials`` trials in this process, on one SparkSession,
+  each a nested MLflow run; the trials share one warm set of ranks. Its first trial
+  starts the ranks (reported apart as "first"), the others reuse them ("warm").
+* peer: one ``mlflow.projects.run(".", "main", env_manager="local")`` per trial, MLflow's
+  ``examples/hyperparam`` pattern (each trial starts Python, Spark and MLflow anew).
 
-Overhead = trial wall time - training time, where training time is the ``train_seconds``
-metric that the training function logs (from entering ``train`` on rank 0 to its end, TF
-import included). Prints medians and the ratio.
+Per-trial overhead = trial wall time - ``fit_evaluate_seconds`` (the time rank 0 spends in
+``model.fit`` and ``model.evaluate``, logged by the example). Rounds alternate the arms
+(one sweep, then as many peer trials); prints min/median/max per arm and the ratio of
+medians.
 
-    .venv/bin/python benchmarks/sweep_overhead.py [--trials 3]
+    .venv/bin/python benchmarks/sweep_overhead.py [--rounds 2] [--trials 4]
 """
 
 from __future__ import annotations
@@ -30,9 +34,15 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
 
 
+def _stats(name: str, values: list[float]) -> str:
+    return (f"{name:<28} min {min(values):6.2f}  median {statistics.median(values):6.2f}  "
+            f"max {max(values):6.2f} s   (n={len(values)})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=4, help="trials per round and arm")
     args = parser.parse_args()
 
     import digits_keras
@@ -48,37 +58,63 @@ def main() -> None:
     spark = SparkSession.builder.master("local[2]").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     client = mlflow.MlflowClient()
-
-    # warm-up: one trial, so both sides start with the session and caches warm
     space = {"learning_rate": hp.choice("learning_rate", [0.001])}
-    fixed = {"epochs": 1, "log_model": False}
-    sweep(digits_keras.train, space, max_evals=1, np=2, fixed_params=fixed)
+    fixed = {"epochs": 1}
 
-    result = sweep(digits_keras.train, space, max_evals=args.trials, np=2, fixed_params=fixed)
-    ours = []
-    for run in mlflow.search_runs(
-        search_all_experiments=True, output_format="list",
-        filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'",
-    ):
-        ours.append(run.data.metrics["trial_wall_seconds"] - run.data.metrics["train_seconds"])
-
-    peer = []
-    for _ in range(args.trials):
-        t0 = time.monotonic()
-        submitted = mlflow.projects.run(
-            REPO, "main", env_manager="local", synchronous=True,
-            parameters={"np": 2, "epochs": 1, "learning_rate": 0.001},
+    def our_round() -> tuple[list[float], list[float], list[float]]:
+        result = sweep(digits_keras.train, space, max_evals=args.trials, np=2,
+                       fixed_params=fixed)
+        runs = client.search_runs(
+            [client.get_run(result.parent_run_id).info.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'",
         )
-        wall = time.monotonic() - t0
-        train = client.get_run(submitted.run_id).data.metrics["train_seconds"]
-        peer.append(wall - train)
+        runs.sort(key=lambda r: int(r.data.tags["mlflow_hvd.trial"]))
+        overheads = [r.data.metrics["trial_wall_seconds"]
+                     - r.data.metrics["fit_evaluate_seconds"] for r in runs]
+        walls = [r.data.metrics["trial_wall_seconds"] for r in runs]
+        return overheads[:1], overheads[1:], walls[1:]
 
-    m_ours, m_peer = statistics.median(ours), statistics.median(peer)
-    print("per-trial overhead = trial wall time - train_seconds (median of "
-          f"{args.trials} trials, np=2)")
-    print(f"mlflow_hvd.sweep        {m_ours:6.2f} s   " + " ".join(f"{v:.2f}" for v in ours))
-    print(f"mlflow run per trial    {m_peer:6.2f} s   " + " ".join(f"{v:.2f}" for v in peer))
-    print(f"ratio mlflow_hvd / peer = {m_ours / m_peer:.2f} (goal: mlflow_hvd <= 3 s)")
+    def peer_round() -> tuple[list[float], list[float]]:
+        overheads, walls = [], []
+        for _ in range(args.trials):
+            t0 = time.monotonic()
+            submitted = mlflow.projects.run(
+                REPO, "main", env_manager="local", synchronous=True,
+                parameters={"np": 2, "epochs": 1, "learning_rate": 0.001},
+            )
+            wall = time.monotonic() - t0
+            fit = client.get_run(submitted.run_id).data.metrics["fit_evaluate_seconds"]
+            overheads.append(wall - fit)
+            walls.append(wall)
+        return overheads, walls
+
+    our_round()  # warm-up: the SparkSession and the OS caches, for both arms
+    first: list[float] = []
+    warm: list[float] = []
+    warm_wall: list[float] = []
+    peer: list[float] = []
+    peer_wall: list[float] = []
+    for _ in range(args.rounds):
+        f, w, ww = our_round()
+        first += f
+        warm += w
+        warm_wall += ww
+        p, pw = peer_round()
+        peer += p
+        peer_wall += pw
+
+    print(f"per-trial overhead = trial wall - fit_evaluate_seconds; np=2, 1 epoch, model "
+          f"logged; {args.rounds} alternated rounds of {args.trials} trials per arm")
+    print(_stats("mlflow_hvd sweep, warm", warm))
+    print(_stats("mlflow_hvd sweep, 1st trial", first))
+    print(_stats("mlflow run per trial", peer))
+    print(_stats("wall: sweep, warm trial", warm_wall))
+    print(_stats("wall: mlflow run per trial", peer_wall))
+    print(f"ratio of median overheads warm / peer = "
+          f"{statistics.median(warm) / statistics.median(peer):.3f}; "
+          f"speed-up of median trial wall = "
+          f"{statistics.median(peer_wall) / statistics.median(warm_wall):.1f}x "
+          "(goals: warm overhead <= 1.5 s; >= 5x)")
     spark.stop()
 
 

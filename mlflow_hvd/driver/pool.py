@@ -65,11 +65,15 @@ class _Generation:
         route = message_router(self.events, self.rendezvous, on_undelivered)
         self.secret = secrets.token_bytes(32)
         try:
-            self.channel = ChannelServer(self.secret, route, driver_host, self._on_request)
-        except OSError:  # not an address of this host (e.g. NAT): listen on every interface
-            self.channel = ChannelServer(self.secret, route, "", self._on_request)
+            try:
+                self.channel = ChannelServer(self.secret, route, driver_host, self._on_request)
+            except OSError:  # not an address of this host (e.g. NAT): listen everywhere
+                self.channel = ChannelServer(self.secret, route, "", self._on_request)
+            self.port = self.channel.start()
+        except BaseException:
+            self.rendezvous.stop()
+            raise
         self.driver_host = driver_host
-        self.port = self.channel.start()
 
     def first_job(self, payload: bytes, job_id: str, description: str) -> JobSpec:
         return JobSpec(

@@ -7,6 +7,10 @@ from the cloudpickled payload and reports the outcome:
 * rank 0 sends its return value (:class:`WorkerResult`), every rank exits 0 on success;
 * if ``main`` raises, the rank sends :class:`WorkerError` with its traceback and exits 1.
 
+A pooled worker (``Bootstrap.pooled``, :mod:`mlflow_hvd.driver.pool`) does not exit after a
+successful job: it shuts Horovod down, clears Keras' state, marks the end of the job's
+output, and asks the driver for the next payload (:class:`AwaitJob`), until it is retired.
+
 The worker dies with its parent (PR_SET_PDEATHSIG plus a polling watchdog), so a killed
 Spark task or driver never leaves it behind.
 """
@@ -27,7 +31,7 @@ import cloudpickle
 
 from mlflow_hvd import code_sources
 from mlflow_hvd.channel import ChannelClient
-from mlflow_hvd.errors import TrackingError
+from mlflow_hvd.errors import ChannelError, TrackingError
 from mlflow_hvd.messages import (
     JOB_END_MARK,
     AwaitJob,
@@ -84,7 +88,10 @@ def main() -> int:
         if code != 0 or not boot.pooled:
             return code
         _end_pooled_job()
-        answer = client.request(AwaitJob(rank))
+        try:
+            answer = client.request(AwaitJob(rank))
+        except ChannelError:  # the driver is gone: nobody will hand out another job
+            return EXIT_ORPHANED
         if not isinstance(answer, NextJob):  # Retire: the pool is closing
             return 0
         payload_bytes = answer.payload

@@ -264,10 +264,17 @@ class HorovodRunner:
         self._pool = RankPool(abs(self.num_processor), self._backend, self._settings)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         pool, self._pool = self._pool, None
-        if pool is not None:
+        if pool is None:
+            return
+        try:
             pool.close()
+        except Exception:
+            if exc_type is None:
+                raise
+            # the block's own error is what the caller must see
+            log.warning("mlflow_hvd: releasing the warm ranks failed", exc_info=True)
 
     def _save_undelivered(self, message: UndeliveredTracking) -> None:
         """Keep what rank 0 could not deliver, and say how much and where."""

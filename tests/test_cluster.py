@@ -23,7 +23,7 @@ import mlflow
 import pytest
 from cluster import NODE_IFACE, OPT_OUT, Cluster, ClusterUnavailable, two_node_cluster
 from conftest import REPO
-from services import applications
+from services import applications, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 TESTS = Path(__file__).resolve().parent
@@ -274,7 +274,11 @@ def test_a_rank_killed_on_node_b_and_the_run_resumed(cluster: Cluster, client: A
         print('RESULT ' + json.dumps({{'ok': True}}), flush=True)
     """
     driver = Driver(cluster, body, tmp_path, MLFLOW_RUN_ID=run_id)
-    driver.wait_for_line("<log>: epoch 2/4", 400)  # epoch index 1 checkpointed
+    driver.wait_for_line("<log>: epoch 2/4", 400)  # epoch index 1 ended...
+    # ...and its checkpoint is on the server (it is queued when the line prints; the
+    # victim may be rank 0 itself, whose queue a SIGKILL takes with it)
+    wait_until(lambda: len(client.get_metric_history(run_id, "loss")) >= 2, 120,
+               "epoch index 1's metrics and checkpoint on the server")
     victims = cluster.rank_pids("node-b")
     assert len(victims) == 2, victims  # two ranks per node
     os.kill(victims[0], signal.SIGKILL)

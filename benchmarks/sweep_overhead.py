@@ -68,7 +68,7 @@ def main() -> None:
             [client.get_run(result.parent_run_id).info.experiment_id],
             filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'",
         )
-        runs.sort(key=lambda r: int(r.data.tags["mlflow_hvd.trial"]))
+        runs.sort(key=lambda r: int(r.data.tags["mlflow_hvd.sweep.trial"]))
         overheads = [r.data.metrics["trial_wall_seconds"]
                      - r.data.metrics["fit_evaluate_seconds"] for r in runs]
         walls = [r.data.metrics["trial_wall_seconds"] for r in runs]

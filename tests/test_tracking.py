@@ -217,21 +217,6 @@ def test_a_failed_background_send_is_raised_by_the_next_flush(store: str, tmp_pa
     assert "must be in the 'active' state" in str(info.value)
 
 
-def test_failure_bookkeeping_that_fails_is_warned_not_raised(
-    store: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    from mlflow_hvd.tracking.driver_run import record_failure
-
-    missing = "0" * 32  # no such run: every write is refused
-    record_failure(mlflow.MlflowClient(), missing, ValueError("the real error"))
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 2, warnings
-    assert warnings[0].startswith(
-        f"could not tag run {missing} with the failure (mlflow_hvd.error not recorded): "
-    )
-    assert warnings[1].startswith(f"could not store error.txt in run {missing}: ")
-
-
 class _ServerDown:
     """A real MLflow client behind a switch: while ``down``, every call fails the way a
     dead server does (MlflowException INTERNAL_ERROR), without waiting for MLflow's retries."""

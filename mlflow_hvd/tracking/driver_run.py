@@ -267,28 +267,3 @@ def failure_tags(exc: BaseException) -> dict[str, str]:
             :4000
         ]
     return tags
-
-
-def record_failure_tags(client: Any, run_id: str, tags: Mapping[str, str]) -> None:
-    """Write ``tags``; a failure is warned about, naming what did not reach the run."""
-    from mlflow.entities import RunTag
-
-    try:
-        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-    except Exception as err:
-        log.warning(
-            "could not tag run %s with the failure (%s not recorded): %s",
-            run_id,
-            ", ".join(sorted(tags)),
-            err,
-        )
-
-
-def record_failure(client: Any, run_id: str, exc: BaseException) -> None:
-    """Tags naming the failing rank and root cause, and the full message as ``error.txt``
-    (for runs the caller owns, e.g. a sweep's trials). Warns instead of raising."""
-    record_failure_tags(client, run_id, failure_tags(exc))
-    try:
-        client.log_text(run_id, f"{type(exc).__name__}: {exc}\n", "error.txt")
-    except Exception as err:
-        log.warning("could not store error.txt in run %s: %s", run_id, err)

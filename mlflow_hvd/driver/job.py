@@ -45,10 +45,7 @@ def run_job(
     rendezvous = Rendezvous()
     on_message = message_router(events, rendezvous, on_undelivered)
     secret = secrets.token_bytes(32)
-    try:  # listen only where workers connect (loopback for local processes)
-        channel = ChannelServer(secret, on_message, bind_host=driver_host)
-    except OSError:  # not an address of this host (e.g. NAT): listen on every interface
-        channel = ChannelServer(secret, on_message, bind_host="")
+    channel = open_channel(secret, on_message, driver_host)
     try:
         job = JobSpec(
             np=np,
@@ -79,6 +76,21 @@ def run_job(
         # rank has left it, so let it wind down in the background instead of waiting
         threading.Thread(target=rendezvous.stop, name="mlflow-hvd-rdv-stop", daemon=True).start()
         channel.stop()
+
+
+def open_channel(
+    secret: bytes,
+    on_message: Callable[[object], None],
+    driver_host: str,
+    on_request: Callable[[object], object] | None = None,
+) -> ChannelServer:
+    """The channel server, listening only where workers connect (loopback for local
+    processes); on every interface when ``driver_host`` is not an address of this host
+    (e.g. behind NAT)."""
+    try:
+        return ChannelServer(secret, on_message, driver_host, on_request)
+    except OSError:
+        return ChannelServer(secret, on_message, "", on_request)
 
 
 def message_router(

@@ -24,8 +24,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend, JobSpec
-from mlflow_hvd.channel import ChannelServer
-from mlflow_hvd.driver.job import message_router, new_job_id
+from mlflow_hvd.driver.job import message_router, new_job_id, open_channel
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
 from mlflow_hvd.errors import BackendError
@@ -65,10 +64,7 @@ class _Generation:
         route = message_router(self.events, self.rendezvous, on_undelivered)
         self.secret = secrets.token_bytes(32)
         try:
-            try:
-                self.channel = ChannelServer(self.secret, route, driver_host, self._on_request)
-            except OSError:  # not an address of this host (e.g. NAT): listen everywhere
-                self.channel = ChannelServer(self.secret, route, "", self._on_request)
+            self.channel = open_channel(self.secret, route, driver_host, self._on_request)
             self.port = self.channel.start()
         except BaseException:
             self.rendezvous.stop()

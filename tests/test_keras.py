@@ -56,6 +56,8 @@ def test_fit_logs_one_series_per_metric_checkpoints_and_a_loadable_model(store: 
     assert not logged.tags["mlflow.source.name"].endswith("worker.py")
     x_train, y_train, x_test, y_test = digits_keras.load_data()
     pyfunc = mlflow.pyfunc.load_model(f"models:/{model_out.model_id}")
+    (inputs,) = pyfunc.metadata.get_input_schema().inputs  # the example's signature
+    assert inputs.shape == (-1, 8, 8, 1)
     accuracy = float((np.asarray(pyfunc.predict(x_test)).argmax(1) == y_test).mean())
     assert accuracy == pytest.approx(result["test_accuracy"], abs=1e-6)
     assert accuracy > 0.5  # ten classes: chance is 0.1

@@ -29,6 +29,9 @@ def test_local_pool_reuses_its_ranks_with_fresh_horovod_keras_and_run(store: str
     assert first["sum"] == [1.0] and second["sum"] == [11.0]  # (0+k) + (1+k)
     assert first["pids"] == second["pids"]  # the same two processes ran both jobs
     assert first["layer"] == second["layer"] == "dense"  # Keras' state was cleared
+    # the first job's garbage was collected before what survived it was frozen
+    assert first["previous_cycle_collected"] is None
+    assert second["previous_cycle_collected"] is True
     assert run_ids[0] != run_ids[1]  # each run() has its own MLflow run...
     for run_id, k in zip(run_ids, (0, 5), strict=True):
         run = client.get_run(str(run_id))

@@ -397,17 +397,34 @@ def register_atexit(path: str) -> str:
 
 def pool_probe(k: int, fail: bool = False) -> dict[str, Any]:
     """Every rank: Horovod from scratch, an allreduce of rank + k, a fresh Keras layer name,
-    metric ``k`` from rank 0; returns rank 0's view (pids of every rank included)."""
+    metric ``k`` from rank 0; returns rank 0's view (pids of every rank included), and
+    whether the reference cycle the previous job in this process left behind was collected
+    (not frozen with what survives a job)."""
+    import gc
+    import sys
+    import weakref
+
     import horovod.tensorflow as hvd
     import keras
     import tensorflow as tf
 
     from mlflow_hvd import tracking
 
+    previous = getattr(sys, "_pool_probe_cycle", None)
+    gc.enable()
     hvd.init()
     total = hvd.allreduce(tf.constant([float(hvd.rank() + k)]), op=hvd.Sum).numpy().tolist()
     pids = hvd.allgather_object(os.getpid())
     tracking.log_metric("k", float(k), step=0)
     if fail and hvd.rank() == 1:
         raise RuntimeError(f"job {k} fails on rank 1")
-    return {"sum": total, "pids": pids, "layer": keras.layers.Dense(1).name, "size": hvd.size()}
+    out = {"sum": total, "pids": pids, "layer": keras.layers.Dense(1).name, "size": hvd.size(),
+           "previous_cycle_collected": None if previous is None else previous() is None}
+    # garbage in a reference cycle, which only a collection frees: the automatic one is
+    # off until the next job, so only the pool's own collection between jobs can free it
+    gc.disable()
+    holder = type("Cycle", (), {})()
+    holder.me = holder
+    sys._pool_probe_cycle = weakref.ref(holder)  # type: ignore[attr-defined]
+    del holder
+    return out

@@ -6,6 +6,7 @@ are pickled by value, because Spark executors cannot import them.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import sys
@@ -76,8 +77,19 @@ def _is_user_module(module: Any) -> bool:
         return False
     if name.split(".")[0] == "mlflow_hvd":
         return False
+    return _is_user_path(path)
+
+
+@functools.cache
+def _is_user_path(path: str) -> bool:
+    """Whether a module file is user code (cached: with TensorFlow loaded there are 5,000
+    modules, and resolving their paths took 0.2-0.4 s per ``run``)."""
     path = os.path.realpath(path)
     if "site-packages" in path or "dist-packages" in path:
         return False
-    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
-    return not path.startswith(stdlib + os.sep)
+    return not path.startswith(_stdlib() + os.sep)
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib() -> str:
+    return os.path.realpath(sysconfig.get_paths()["stdlib"])

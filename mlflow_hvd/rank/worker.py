@@ -18,6 +18,7 @@ Spark task or driver never leaves it behind.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import signal
@@ -128,12 +129,22 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes) 
 
 def _end_pooled_job() -> None:
     """Leave the process as the next job expects it: Horovod shut down (the next ``main``
-    calls ``hvd.init()`` again), Keras' global state cleared, then the end-of-job mark on
-    both streams after everything the job printed."""
+    calls ``hvd.init()`` again), Keras' global state cleared and the job's garbage
+    collected, then the end-of-job mark on both streams after everything the job printed.
+
+    What survives a job (imported modules, caches) is frozen out of the garbage collector
+    (``gc.freeze``): a full collection over TensorFlow's half a million objects took
+    0.3-0.6 s per job, over what the last job left behind it takes 0.02 s. The cost: an
+    object alive now that later becomes garbage *inside a reference cycle* (say a global
+    the next job replaces) is not collected; without cycles, reference counting still
+    frees it.
+    """
     _shutdown_horovod()
     keras = sys.modules.get("keras")
     if keras is not None:
-        keras.backend.clear_session(free_memory=True)
+        keras.backend.clear_session(free_memory=False)
+    gc.collect()
+    gc.freeze()
     sys.stdout.flush()
     sys.stderr.flush()
     mark = (JOB_END_MARK + "\n").encode()

@@ -23,6 +23,7 @@ medians.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -75,7 +76,7 @@ def main() -> None:
         # a trial's wall: from its child run's start to the next one's, so the sweep's own
         # bookkeeping (hyperopt, the child run, saving the trials) counts as overhead
         starts = [r.info.start_time / 1000 for r in runs]
-        walls = [b - a for a, b in zip(starts, starts[1:])]
+        walls = [b - a for a, b in itertools.pairwise(starts)]
         overheads = [w - r.data.metrics["fit_evaluate_seconds"]
                      for w, r in zip(walls, runs, strict=False)]
         return overheads[:1], overheads[1:], walls[1:]

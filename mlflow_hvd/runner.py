@@ -202,13 +202,15 @@ class HorovodRunner:
         record = target if self._max_failures > 0 else None  # attempts only when retrying
         for attempt in range(self._max_failures + 1):
             if record is not None:
-                attempts.started(record, attempt, self._tracking_timeout)
+                attempts.started(record, attempt, self._tracking_timeout,
+                                 self._undelivered_root())
             try:
                 return self._launch(main, code, target, attempt)
             except (WorkerFailedError, BackendError) as exc:
                 failures.append(exc)
                 if record is not None:
-                    attempts.failed(record, attempt, exc, self._tracking_timeout)
+                    attempts.failed(record, attempt, exc, self._tracking_timeout,
+                                    self._undelivered_root())
                 if attempt == self._max_failures:
                     if len(failures) == 1:
                         raise
@@ -280,14 +282,18 @@ class HorovodRunner:
         """Keep what rank 0 could not deliver, and say how much and where."""
         from mlflow_hvd.tracking import records, undelivered
 
-        root = self._undelivered_dir or undelivered.default_root()
-        path = undelivered.save_message(root, message)
+        path = undelivered.save_message(self._undelivered_root(), message)
         what = records.describe(records.count([list(r) for r in message.records]))
         log.warning(
             "mlflow_hvd: %s logged by rank 0 on host %s did not reach the tracking server %s "
             "(%s). Saved in %s; send with: python -m mlflow_hvd.tracking.replay %s",
             what, message.host, message.tracking_uri, message.reason, path, path,
         )
+
+    def _undelivered_root(self) -> str:
+        from mlflow_hvd.tracking import undelivered
+
+        return self._undelivered_dir or undelivered.default_root()
 
     def _describe_backend(self) -> dict[str, str]:
         """The backend's facts for the run's tags, without starting anything."""

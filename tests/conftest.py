@@ -41,6 +41,25 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def _loopback_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from services import MlflowServer
+
+    server = MlflowServer("127.0.0.1", tmp_path_factory.mktemp("loopback-server"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def loopback_server(_loopback_server: Any) -> Iterator[Any]:
+    """A real ``mlflow server`` on 127.0.0.1 (SQLite backend, artifacts proxied over HTTP),
+    shared by the session: starting one costs 5-20 s here. A test may kill it; it is up
+    again for the next test."""
+    yield _loopback_server
+    if not _loopback_server.is_up():
+        _loopback_server.restart()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Tests that do not pick a store track into one SQLite file of the test session,

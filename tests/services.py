@@ -101,6 +101,38 @@ def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int 
     return proc, url
 
 
+class MlflowServer:
+    """One ``mlflow server`` (see :func:`start_mlflow_server`) that tests may kill and bring
+    back on the same port and store, as a server restarted after an outage would be."""
+
+    def __init__(self, host: str, root: Path) -> None:
+        self.host, self.root = host, root
+        self.proc, self.url = start_mlflow_server(host, root)
+        self.port = int(self.url.rsplit(":", 1)[1])
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group (no graceful shutdown)."""
+        stop_group(self.proc, grace=0)
+
+    def is_up(self) -> bool:
+        return self.proc.poll() is None and _healthy(self.url)
+
+    def restart(self) -> None:
+        """Start the server again on the same port and store (after it was killed)."""
+        stop_group(self.proc, grace=0)
+        self.proc, _ = start_mlflow_server(self.host, self.root, port=self.port)
+
+    def stop(self) -> None:
+        stop_group(self.proc, grace=30)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return http_ok(f"{url}/health")
+    except OSError:
+        return False
+
+
 def spark_class() -> str:
     import pyspark
 

@@ -237,25 +237,17 @@ def test_a_worker_node_lost_mid_job_fails_the_run_clearly(cluster: Cluster, clie
 
 
 def test_executors_that_cannot_reach_the_tracking_server_fail_before_training(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, loopback_server: Any
 ) -> None:
-    from services import start_mlflow_server, stop_group
-
     # reachable from the driver's namespace only: loopback
-    server, url = start_mlflow_server("127.0.0.1", tmp_path / "loopback-server")
-    try:
-        t0 = time.monotonic()
-        out = drive(cluster, "result = HorovodRunner(np=2).run(workers.collectives)", tmp_path,
-                    MLFLOW_TRACKING_URI=url)
-        elapsed = time.monotonic() - t0
-        old = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(url)
-        try:
-            (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
-        finally:
-            mlflow.set_tracking_uri(old)
-    finally:
-        stop_group(server)
+    url = loopback_server.url
+    experiment = f"unreachable-{tmp_path.name}"  # the server is shared with other tests
+    t0 = time.monotonic()
+    out = drive(cluster, "result = HorovodRunner(np=2).run(workers.collectives)", tmp_path,
+                MLFLOW_TRACKING_URI=url, MLFLOW_EXPERIMENT_NAME=experiment)
+    elapsed = time.monotonic() - t0
+    client = mlflow.MlflowClient(tracking_uri=url)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     assert elapsed < 150, elapsed
     assert out["error"] == "WorkerFailedError", out
     assert f"cannot reach the MLflow tracking server {url} within 10s" in out["message"]

@@ -12,12 +12,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pytest
 import workers
 from conftest import assert_no_workers_left
-from services import start_mlflow_server, stop_group, wait_until
+from services import wait_until
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError
 
@@ -153,11 +154,11 @@ def _mlflow_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.mark.slow
-def test_tracking_server_down_for_10s_mid_run_loses_and_repeats_nothing(tmp_path: Path) -> None:
-    root = tmp_path / "server"
-    server, url = start_mlflow_server("127.0.0.1", root)
-    port = int(url.rsplit(":", 1)[1])
-    mlflow.set_tracking_uri(url)
+def test_tracking_server_down_for_10s_mid_run_loses_and_repeats_nothing(
+    tmp_path: Path, loopback_server: Any
+) -> None:
+    server = loopback_server
+    mlflow.set_tracking_uri(server.url)
     client = mlflow.MlflowClient()
     runner = HorovodRunner(np=-1, undelivered_dir=str(tmp_path / "undelivered"))
     n = 250
@@ -177,9 +178,9 @@ def test_tracking_server_down_for_10s_mid_run_loses_and_repeats_nothing(tmp_path
             120,
             "the first 20 values on the server",
         )
-        stop_group(server, grace=0)
+        server.kill()
         time.sleep(10)  # the outage itself, not a synchronisation
-        server, _ = start_mlflow_server("127.0.0.1", root, port=port)
+        server.restart()
         back.touch()
         thread.join(timeout=180)
         assert not thread.is_alive()
@@ -189,7 +190,8 @@ def test_tracking_server_down_for_10s_mid_run_loses_and_repeats_nothing(tmp_path
         values = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "x")}
         artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "mid")]
     finally:
-        stop_group(server)
+        back.touch()  # a failed wait must not leave the job running
+        thread.join(timeout=60)
     assert sorted(steps) == list(range(n))  # every value once: none lost, none repeated
     assert all(values[i] == float(i) for i in range(n))
     assert run.info.status == "FINISHED"
@@ -201,74 +203,70 @@ def test_tracking_server_down_for_10s_mid_run_loses_and_repeats_nothing(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("fails", [False, True], ids=["returns", "raises"])
 def test_tracking_server_gone_at_the_end_bounds_run_and_saves_a_replayable_bundle(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, fails: bool
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fails: bool, loopback_server: Any
 ) -> None:
     """The server dies during the job and stays down: run() returns rank 0's value, or
     raises the job's own error, within 2 x tracking_timeout of the job's end, warning what
     was not delivered and where it is; the bundle replays once the server is back."""
-    root = tmp_path / "server"
-    server, url = start_mlflow_server("127.0.0.1", root)
-    port = int(url.rsplit(":", 1)[1])
+    server = loopback_server
+    url = server.url
     mlflow.set_tracking_uri(url)
     saved = tmp_path / "undelivered"
     runner = HorovodRunner(np=-1, tracking_timeout=3, undelivered_dir=str(saved))
-    try:
-        with caplog.at_level(logging.WARNING):
-            t0 = time.monotonic()
-            if fails:
-                with pytest.raises(WorkerFailedError) as info:
-                    runner.run(workers.kill_group_then_raise, pgid=server.pid)
-                assert info.value.root_cause.error == "RuntimeError: the job's own error"
-            else:
-                value = runner.run(
-                    workers.kill_group_then_return, pgid=server.pid, value=41, log_n=50
-                )
-                assert value == 41
-            took = time.monotonic() - t0
-        run_id = str(runner.last_run_id)
-        bundle = saved / run_id
-        warnings = _mlflow_warnings(caplog)
-        not_recorded = (
-            "tags mlflow_hvd.error, mlflow_hvd.failed_host, mlflow_hvd.failed_rank, "
-            "mlflow_hvd.root_cause; error.txt; status FAILED"
-            if fails
-            else "status FINISHED"
+    with caplog.at_level(logging.WARNING):
+        t0 = time.monotonic()
+        if fails:
+            with pytest.raises(WorkerFailedError) as info:
+                runner.run(workers.kill_group_then_raise, pgid=server.proc.pid)
+            assert info.value.root_cause.error == "RuntimeError: the job's own error"
+        else:
+            value = runner.run(
+                workers.kill_group_then_return, pgid=server.proc.pid, value=41, log_n=50
+            )
+            assert value == 41
+        took = time.monotonic() - t0
+    run_id = str(runner.last_run_id)
+    bundle = saved / run_id
+    warnings = _mlflow_warnings(caplog)
+    not_recorded = (
+        "tags mlflow_hvd.error, mlflow_hvd.failed_host, mlflow_hvd.failed_rank, "
+        "mlflow_hvd.root_cause; error.txt; status FAILED"
+        if fails
+        else "status FINISHED"
+    )
+    ending = (
+        f"mlflow_hvd: the tracking server did not answer within 3s while ending run {run_id}"
+        f"; not recorded: {not_recorded} (the run stays RUNNING in MLflow until then). "
+        f"Saved in {bundle}; send with: python -m mlflow_hvd.tracking.replay {bundle}"
+    )
+    if fails:
+        assert warnings == [ending]
+    else:
+        assert len(warnings) == 2, warnings
+        assert warnings[0].startswith(
+            "mlflow_hvd: 50 metric values, 1 tag and 1 artifact file logged by rank 0 on "
+            f"host localhost did not reach the tracking server {url} (the tracking server "
+            f"at {url} has been unreachable since "
         )
-        ending = (
-            f"mlflow_hvd: the tracking server did not answer within 3s while ending run {run_id}"
-            f"; not recorded: {not_recorded} (the run stays RUNNING in MLflow until then). "
+        assert warnings[0].endswith(
             f"Saved in {bundle}; send with: python -m mlflow_hvd.tracking.replay {bundle}"
         )
-        if fails:
-            assert warnings == [ending]
-        else:
-            assert len(warnings) == 2, warnings
-            assert warnings[0].startswith(
-                "mlflow_hvd: 50 metric values, 1 tag and 1 artifact file logged by rank 0 on "
-                f"host localhost did not reach the tracking server {url} (the tracking server "
-                f"at {url} has been unreachable since "
-            )
-            assert warnings[0].endswith(
-                f"Saved in {bundle}; send with: python -m mlflow_hvd.tracking.replay {bundle}"
-            )
-            assert warnings[1] == ending
-        assert took < 40, took  # a job of ~15 s on 2 cores; MLflow's own retries take minutes
+        assert warnings[1] == ending
+    assert took < 40, took  # a job of ~15 s on 2 cores; MLflow's own retries take minutes
 
-        server, _ = start_mlflow_server("127.0.0.1", root, port=port)
-        replay = subprocess.run(
-            [sys.executable, "-m", "mlflow_hvd.tracking.replay", str(bundle)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert replay.returncode == 0, replay.stderr
-        client = mlflow.MlflowClient()
-        run = client.get_run(run_id)
-        history = client.get_metric_history(run_id, "y")
-        artifacts = [a.path for a in client.list_artifacts(run_id, "late")]
-        errors = [a.path for a in client.list_artifacts(run_id) if a.path == "error.txt"]
-    finally:
-        stop_group(server)
+    server.restart()
+    replay = subprocess.run(
+        [sys.executable, "-m", "mlflow_hvd.tracking.replay", str(bundle)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert replay.returncode == 0, replay.stderr
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    history = client.get_metric_history(run_id, "y")
+    artifacts = [a.path for a in client.list_artifacts(run_id, "late")]
+    errors = [a.path for a in client.list_artifacts(run_id) if a.path == "error.txt"]
     assert not bundle.exists()
     if fails:
         assert (

@@ -82,7 +82,8 @@ def test_resume_repeats_no_trial_and_matches_an_uninterrupted_sweep(store: str) 
     assert resumed.parent_run_id == first.parent_run_id
     children = _children(first.parent_run_id)
     assert len(children) == 3 and resumed.trials == 3
-    straight = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=-1, seed=7)
+    # fresh processes per trial (warm=False) give the same trials as warm ranks
+    straight = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=-1, seed=7, warm=False)
     straight_children = _children(straight.parent_run_id)
     # same seed, same sampled params, whether or not the sweep was interrupted
     assert [c.data.params for c in children] == [c.data.params for c in straight_children]

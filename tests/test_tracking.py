@@ -6,14 +6,13 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import pytest
 import workers
-from services import start_mlflow_server, stop_group, wait_until
+from services import wait_until
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
 from mlflow_hvd.errors import TrackingError
@@ -117,20 +116,12 @@ def test_param_changed_value_is_refused_clearly(store: str) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real `mlflow server` on loopback: SQLite backend, artifacts served over HTTP."""
-    proc, url = start_mlflow_server("127.0.0.1", tmp_path_factory.mktemp("server"))
-    yield url
-    stop_group(proc, grace=30)
-
-
 @pytest.mark.slow
-def test_logging_through_a_real_mlflow_server(mlflow_server: str, tmp_path: Path) -> None:
+def test_logging_through_a_real_mlflow_server(loopback_server: Any, tmp_path: Path) -> None:
     import digits_keras
 
     old = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(mlflow_server)
+    mlflow.set_tracking_uri(loopback_server.url)
     try:
         runner = HorovodRunner(np=-2)
         result = runner.run(digits_keras.train, epochs=2, log_model=False)
@@ -296,3 +287,27 @@ def test_a_run_in_mlflows_default_store_says_where_once(tmp_path: Path) -> None:
         f"--backend-store-uri {uri}"
     ]
     assert mlflow.MlflowClient(tracking_uri=uri).search_runs(["0"]) != []
+
+
+def test_attempt_records_an_unreachable_server_missed_are_saved_for_replay(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mlflow_hvd.messages import TrackingTarget
+    from mlflow_hvd.tracking import attempts, undelivered
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    run_id = mlflow.MlflowClient().create_run("0").info.run_id
+    gone = TrackingTarget("http://127.0.0.1:9", run_id, "0")  # nothing listens on port 9
+    root = str(tmp_path / "undelivered")
+    attempts.started(gone, 0, 2.0, root)
+    attempts.failed(gone, 0, RuntimeError("rank 1 was killed"), 2.0, root)
+    bundle = undelivered.bundle_dir(root, run_id)
+    assert f"Saved in {bundle}" in caplog.text
+    counts = undelivered.replay(bundle, tracking_uri=store)  # the server is "back"
+    assert (counts["metric"], counts["artifact"]) == (1, 1)
+    client = mlflow.MlflowClient()
+    (attempt,) = client.get_metric_history(run_id, attempts.ATTEMPT_METRIC)
+    assert (attempt.step, attempt.value) == (0, 0.0)
+    text = Path(client.download_artifacts(run_id, attempts.error_file(0))).read_text()
+    assert text == "RuntimeError: rank 1 was killed\n"
+    assert not os.path.exists(bundle)

@@ -51,6 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="stop after N trials without a new best (0: never)",
     )
     p.add_argument("--parent-run-id", default="")
+    p.add_argument(
+        "--warm",
+        choices=("true", "false"),
+        default="true",
+        help="trials share one set of ranks (default); 'false': fresh processes per trial",
+    )
     add_runner_options(p)
     p.add_argument(
         "--train",
@@ -92,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             **({"log_every_n_steps": args.log_every_n_steps} if args.log_every_n_steps else {}),
         },
         runner_options=runner_options(args),
+        warm=args.warm == "true",
     )
     print(
         f"\nsweep run {result.parent_run_id}: {result.trials} trials "

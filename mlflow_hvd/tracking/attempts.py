@@ -2,17 +2,23 @@
 
 ``HorovodRunner(max_failures=N)`` runs all attempts in one run. Each start logs metric
 ``mlflow_hvd.attempt`` (value and step = the attempt, 0 first), each failure its error in
-full as ``attempts/attempt_<k>_error.txt``. Every call has a deadline; a failure to record
-is warned about and never replaces the job's own outcome.
+full as ``attempts/attempt_<k>_error.txt``. Every call has a deadline and never replaces the
+job's own outcome: what an unreachable server did not take is saved in the run's
+undelivered bundle (:mod:`.undelivered`, sent later with the replay command), what a store
+refused is warned about.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from mlflow_hvd.deadline import call_within
+from mlflow_hvd.deadline import DeadlineExceeded, call_within
 from mlflow_hvd.messages import TrackingTarget
+from mlflow_hvd.tracking import undelivered
+from mlflow_hvd.tracking.delivery import is_outage
 
 ATTEMPT_METRIC = "mlflow_hvd.attempt"
 log = logging.getLogger(__name__)
@@ -22,29 +28,48 @@ def error_file(attempt: int) -> str:
     return f"attempts/attempt_{attempt}_error.txt"
 
 
-def started(target: TrackingTarget, attempt: int, timeout: float) -> None:
+def started(target: TrackingTarget, attempt: int, timeout: float, root: str) -> None:
     """Record that ``attempt`` starts."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=target.tracking_uri)
     now = int(time.time() * 1000)
-    try:
-        call_within(timeout, "recording an attempt", client.log_metric, target.run_id,
-                    ATTEMPT_METRIC, float(attempt), now, attempt)
-    except Exception as exc:
-        log.warning("mlflow_hvd: could not record the start of attempt %d in run %s: %s",
-                    attempt, target.run_id, exc)
+    _record(target, timeout, root, f"the start of attempt {attempt}",
+            [["metric", ATTEMPT_METRIC, float(attempt), now, attempt]], [],
+            lambda client: client.log_metric(target.run_id, ATTEMPT_METRIC, float(attempt),
+                                             now, attempt))
 
 
-def failed(target: TrackingTarget, attempt: int, error: BaseException, timeout: float) -> None:
+def failed(
+    target: TrackingTarget, attempt: int, error: BaseException, timeout: float, root: str
+) -> None:
     """Keep ``attempt``'s error in full as an artifact of the run."""
+    text = f"{type(error).__name__}: {error}\n"
+    folder, name = error_file(attempt).split("/")
+    _record(target, timeout, root, error_file(attempt), [["artifact", name, folder]],
+            [(name, text.encode())],
+            lambda client: client.log_text(target.run_id, text, error_file(attempt)))
+
+
+def _record(
+    target: TrackingTarget,
+    timeout: float,
+    root: str,
+    what: str,
+    records: Sequence[Sequence[Any]],
+    files: Sequence[tuple[str, bytes]],
+    write: Callable[[Any], object],
+) -> None:
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=target.tracking_uri)
-    text = f"{type(error).__name__}: {error}\n"
     try:
-        call_within(timeout, "recording a failed attempt", client.log_text, target.run_id,
-                    text, error_file(attempt))
+        call_within(timeout, f"recording {what}", write, client)
     except Exception as exc:
-        log.warning("mlflow_hvd: could not store %s in run %s: %s", error_file(attempt),
-                    target.run_id, exc)
+        if not isinstance(exc, DeadlineExceeded) and not is_outage(exc):
+            log.warning("mlflow_hvd: the tracking store refused %s in run %s: %s", what,
+                        target.run_id, exc)
+            return
+        path = undelivered.save(root, target.run_id, target.tracking_uri, records, files)
+        log.warning(
+            "mlflow_hvd: the tracking server %s did not take %s in run %s (%s). Saved in %s; "
+            "send with: python -m mlflow_hvd.tracking.replay %s", target.tracking_uri, what,
+            target.run_id, exc, path, path,
+        )

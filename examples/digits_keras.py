@@ -189,7 +189,7 @@ def train(
     tracking.log_metrics({"test_loss": loss, "test_accuracy": accuracy,
                           "train_seconds": now - started,  # imports and data included
                           "fit_evaluate_seconds": now - fit_started}, step=epochs - 1)
-    if log_model:
+    if log_model and hvd.rank() == 0:  # the other ranks need not compute the signature
         # a signature, not an input example: MLflow would reload the saved model and
         # predict on the example to validate it (0.6 s of every trial, more over HTTP)
         from mlflow.models import infer_signature

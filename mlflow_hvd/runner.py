@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -144,6 +146,7 @@ class HorovodRunner:
         self._undelivered_dir = undelivered_dir
         self._max_failures = check_positive_int("max_failures", max_failures, 0)
         self._pool: RankPool | None = None
+        self._booting: Future[Any] | None = None  # a SparkSession starting (see prepare)
         self.last_job_id: str | None = None
         self.last_run_id: str | None = None
         """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
@@ -178,6 +181,7 @@ class HorovodRunner:
         if not callable(main):
             raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
         code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
+        self.prepare()  # a new SparkSession boots while MLflow's run is being set up
         with sigterm_interrupts():
             if not self._track:
                 return self._attempts(main, code, None)
@@ -301,15 +305,57 @@ class HorovodRunner:
             return {"backend": LocalBackend.name}
         from mlflow_hvd.backends.spark import SparkBackend
 
-        master = str(self._session().sparkContext.master)
+        if self._spark is not None:
+            master = str(self._spark.sparkContext.master)
+        else:
+            from mlflow_hvd.backends.spark.session import resolve_master
+
+            _, master = resolve_master(self.num_processor, self._spark_master,
+                                       self._slot_timeout)
         return {"backend": SparkBackend.name, "spark_master": master}
+
+    def prepare(self) -> None:
+        """Start what ``run`` needs ahead of it: with ``np > 0`` and no SparkSession yet,
+        Spark's JVM boots in a background thread (5-12 s) while the caller goes on with
+        other start-up work (imports, MLflow). ``run`` calls it itself, so calling it early
+        only saves time. A wrong or unreachable master is refused at once.
+
+        Raises:
+            ConfigurationError: ``spark_master`` differs from the active session's master.
+            BackendError: The configured standalone master does not answer.
+        """
+        if self.num_processor < 0 or self._spark is not None or self._booting is not None:
+            return
+        from mlflow_hvd.backends.spark.session import new_session, resolve_master
+
+        active, master = resolve_master(self.num_processor, self._spark_master,
+                                        self._slot_timeout)
+        if active is not None:
+            return
+        booting: Future[Any] = Future()
+
+        def boot() -> None:
+            try:
+                booting.set_result(new_session(master))
+            except BaseException as exc:  # handed to the waiter
+                booting.set_exception(exc)
+
+        threading.Thread(target=boot, name="mlflow-hvd-spark-boot", daemon=True).start()
+        self._booting = booting
 
     def _session(self) -> Any:
         from mlflow_hvd.backends.spark.session import get_or_create_session
 
-        return self._spark or get_or_create_session(
-            self.num_processor, self._spark_master, self._slot_timeout
-        )
+        if self._spark is not None:
+            return self._spark
+        self.prepare()
+        booting = self._booting
+        if booting is not None:
+            try:
+                return booting.result()
+            finally:
+                self._booting = None  # after a failure the next run tries again
+        return get_or_create_session(self.num_processor, self._spark_master, self._slot_timeout)
 
     def _backend(self) -> tuple[Backend, str]:
         if self.num_processor < 0:

@@ -100,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     prepare_environment()
     from mlflow_hvd import HorovodRunner
 
-    uri = use_default_store()
     t0 = time.monotonic()
     runner = HorovodRunner(np=args.np, **runner_options(args))
+    runner.prepare()  # Spark's JVM boots while MLflow is imported and the run set up
+    uri = use_default_store()
     data = args.data if args.data == "digits" else os.path.abspath(args.data)
     params = {
         "np": args.np,

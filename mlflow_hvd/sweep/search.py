@@ -126,6 +126,8 @@ def sweep(
 def _sweep(plan: _Plan, parent_run_id: str | None) -> SweepResult:
     import mlflow
 
+    runner = HorovodRunner(np=plan.np, **plan.runner_options)
+    runner.prepare()  # a new SparkSession boots while the parent run is set up
     client = mlflow.MlflowClient()
     with store_lock(mlflow.get_tracking_uri()):
         owned = mlflow.active_run() is None
@@ -136,7 +138,6 @@ def _sweep(plan: _Plan, parent_run_id: str | None) -> SweepResult:
 
         trials = load_trials(client, parent_id) or Trials()
         _describe_parent(client, parent_id, plan)
-        runner = HorovodRunner(np=plan.np, **plan.runner_options)
         with runner if plan.warm else contextlib.nullcontext(runner):
             _run_trials(client, parent_id, trials, plan, runner)
         result = _summarise(client, parent_id, trials, plan)

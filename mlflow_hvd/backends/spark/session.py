@@ -24,6 +24,18 @@ def get_or_create_session(np: int, spark_master: str | None = None, timeout: flo
         ConfigurationError: ``spark_master`` differs from the active session's master.
         BackendError: The configured standalone master does not answer within ``timeout``.
     """
+    active, master = resolve_master(np, spark_master, timeout)
+    return active if active is not None else new_session(master)
+
+
+def resolve_master(np: int, spark_master: str | None = None, timeout: float = 30.0
+                   ) -> tuple[Any, str]:
+    """``(active session or None, master URL)`` of :func:`get_or_create_session`, without
+    starting a JVM: a wrong or unreachable master fails here, in a second.
+
+    Raises:
+        ConfigurationError, BackendError: As :func:`get_or_create_session`.
+    """
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -35,12 +47,17 @@ def get_or_create_session(np: int, spark_master: str | None = None, timeout: flo
                 f"spark_master={spark_master!r} but this process already has a SparkSession "
                 f"on {running!r}; stop it first (spark.stop()) or leave spark_master unset"
             )
-        return active
+        return active, running
     if choice is None:
-        master = f"local[{max(np, os.cpu_count() or 1)}]"
-    else:
-        check_reachable(choice, timeout)
-        master = choice.master
+        return None, f"local[{max(np, os.cpu_count() or 1)}]"
+    check_reachable(choice, timeout)
+    return None, choice.master
+
+
+def new_session(master: str) -> Any:
+    """A new SparkSession on ``master`` (starts Spark's JVM: 5-12 s here)."""
+    from pyspark.sql import SparkSession
+
     return (
         SparkSession.builder.master(master)
         .appName("mlflow_hvd")

@@ -52,9 +52,20 @@ class TrackingTarget:
     experiment_id: str
     system_metrics: bool = False
     drain_timeout: float = 30.0  # seconds rank 0 delivers what is queued after ``main``
-    # The driver created this run for this job and no attempt ran yet: it has no checkpoint
-    # (restore_from_checkpoint need not ask the server)
-    new_run: bool = False
+    # What the driver read of the run just before this attempt, so that rank 0 need not ask
+    # the server before training (None: unknown, rank 0 asks)
+    facts: RunFacts | None = None
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """The run as the driver read it before the job: its params (a param logged again
+    must keep its value), its ``mlflow.source.*`` tags (a logged model names the driver's
+    program) and whether it has a checkpoint to resume from."""
+
+    params: dict[str, str] = field(default_factory=dict)
+    source_tags: dict[str, str] = field(default_factory=dict)
+    has_checkpoint: bool = True
 
 
 @dataclass(frozen=True)

@@ -234,8 +234,8 @@ class HorovodRunner:
         attempt: int = 0,
     ) -> Any:
         self.last_job_id = job_id = new_job_id()
-        if target is not None and attempt > 0:  # an earlier attempt may have checkpointed
-            target = dataclasses.replace(target, new_run=False)
+        if target is not None and attempt > 0:  # an earlier attempt logged: rank 0 asks
+            target = dataclasses.replace(target, facts=None)
         payload = dumps_payload(code, target, attempt)
         description = f"HorovodRunner(np={self.num_processor}).run({_name(main)})" + (
             f" attempt {attempt}" if attempt else ""

@@ -62,18 +62,31 @@ def test_only_rank_0_logs_into_the_driver_run(store: str) -> None:
     assert mlflow.active_run() is None  # the run the runner started is ended
 
 
-def test_only_a_run_the_driver_creates_is_known_to_have_no_checkpoint(
+def test_workers_get_the_runs_params_source_and_checkpoint_state_from_the_driver(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """restore_from_checkpoint skips its MLflow query only for a run created by this job."""
+    """What rank 0 would otherwise ask the server before training: read by the driver."""
+    from mlflow_hvd.tracking.checkpoints import LATEST_TAG
+
     with driver_run(1, {"backend": "local"}) as target:
-        assert target.new_run
-    with mlflow.start_run() as active, driver_run(1, {"backend": "local"}) as target:
-        assert target.run_id == active.info.run_id and not target.new_run
+        assert target.facts is not None and not target.facts.has_checkpoint
+        assert target.facts.params == {}
+        assert "pytest" in target.facts.source_tags["mlflow.source.name"]  # the driver's program
+    with mlflow.start_run() as active:
+        # logged to after the caller started its run: the driver reads the run again
+        mlflow.log_param("lr", "0.1")
+        mlflow.set_tag(LATEST_TAG, "checkpoints/epoch_3/checkpoint.keras")
+        with driver_run(1, {"backend": "local"}) as target:
+            assert target.run_id == active.info.run_id
+            assert target.facts is not None and target.facts.has_checkpoint
+            assert target.facts.params == {"lr": "0.1"}
     earlier = mlflow.MlflowClient().create_run("0").info.run_id
-    monkeypatch.setenv("MLFLOW_RUN_ID", earlier)  # as `mlflow run` resumes a run
+    mlflow.MlflowClient().log_param(earlier, "np", "2")
+    monkeypatch.setenv("MLFLOW_RUN_ID", earlier)  # as `mlflow run` resumes its run
     with driver_run(1, {"backend": "local"}) as target:
-        assert target.run_id == earlier and not target.new_run
+        assert target.run_id == earlier
+        assert target.facts is not None and not target.facts.has_checkpoint
+        assert target.facts.params == {"np": "2"}
 
 
 def test_active_run_is_used_and_left_open(store: str) -> None:

@@ -23,7 +23,7 @@ from mlflow_hvd.errors import RetriesExhaustedError, Terminated, WorkerFailedErr
 from mlflow_hvd.messages import TrackingTarget
 from mlflow_hvd.tracking import undelivered
 from mlflow_hvd.tracking.delivery import is_outage
-from mlflow_hvd.tracking.rank_logger import check_server_reachable
+from mlflow_hvd.tracking.rank_logger import check_server_reachable, run_facts
 
 TAG_PREFIX = "mlflow_hvd."
 log = logging.getLogger(__name__)
@@ -130,10 +130,11 @@ def driver_run(
     with store_lock(uri):
         active = mlflow.active_run()
         owned = active is None
-        new_run = owned and not os.environ.get("MLFLOW_RUN_ID")  # not resuming a run
         run = active if active is not None else mlflow.start_run()  # honours MLFLOW_RUN_ID
         client = mlflow.MlflowClient()
         run_id = run.info.run_id
+        # the caller's run may have been logged to since it started: read it again
+        facts = run_facts(run if owned else client.get_run(run_id))
         client.log_batch(run_id, tags=[RunTag(k, v) for k, v in run_tags(np, backend).items()])
     target = TrackingTarget(
         tracking_uri=uri,
@@ -141,7 +142,7 @@ def driver_run(
         experiment_id=run.info.experiment_id,
         system_metrics=system_metrics,
         drain_timeout=bookkeeping_timeout,
-        new_run=new_run,
+        facts=facts,
     )
     ending = _Ending(client, target, owned, bookkeeping_timeout,
                      undelivered_dir or undelivered.default_root())

@@ -30,7 +30,7 @@ from typing import Any
 
 from mlflow_hvd import scratch
 from mlflow_hvd.errors import ConfigurationError, TrackingError
-from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
+from mlflow_hvd.messages import RunFacts, TrackingTarget, UndeliveredTracking
 from mlflow_hvd.tracking import requirements
 from mlflow_hvd.tracking.delivery import Delivery, is_outage
 
@@ -44,30 +44,65 @@ HTTP_DEFAULTS = {
 }
 
 
+def run_facts(run: Any) -> RunFacts:
+    """What rank 0 would otherwise ask the server before training (see :class:`RunFacts`)."""
+    from mlflow_hvd.tracking.checkpoints import LATEST_TAG
+
+    tags = run.data.tags
+    return RunFacts(
+        params=dict(run.data.params),
+        source_tags={k: v for k, v in tags.items() if k.startswith("mlflow.source.")},
+        has_checkpoint=bool(tags.get(LATEST_TAG)),
+    )
+
+
+class _LazyClient:
+    """An ``MlflowClient`` made on first use. When the driver sent what rank 0 needs to
+    know of the run (:class:`~mlflow_hvd.messages.RunFacts`), the first use is the delivery
+    thread's first send, so importing MLflow and opening the store (1.5-4.5 s in a fresh
+    rank) overlaps training instead of delaying it for every rank."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        self._uri = tracking_uri
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                from mlflow import MlflowClient
+
+                self._client = MlflowClient(tracking_uri=self._uri)
+            return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+
 class _RankLogger:
     """Rank 0's logging state: the delivery thread, its spool and the params it knows."""
 
     def __init__(self, target: TrackingTarget) -> None:
-        from mlflow import MlflowClient
-
         self.target = target
-        self.client = MlflowClient(tracking_uri=target.tracking_uri)
+        self.client: Any = _LazyClient(target.tracking_uri)
         # Params already in the run (e.g. logged by `mlflow run`): same value is a no-op,
         # a different one is refused here rather than failing later in the background.
         # During an outage they are unknown; the store then refuses a conflict itself.
         self._params: dict[str, str] = {}
         self.source_tags: dict[str, str] = {}  # the driver's program, for log_model
         self.last_step = 0  # the latest step logged: a model is linked to its metrics
-        try:
-            run = self.client.get_run(target.run_id)
-        except Exception as exc:
-            if not is_outage(exc):
-                raise
-        else:
-            self._params = dict(run.data.params)
-            self.source_tags = {
-                k: v for k, v in run.data.tags.items() if k.startswith("mlflow.source.")
-            }
+        facts = target.facts
+        if facts is None:  # a restarted attempt: ask the server what the run has now
+            try:
+                run = self.client.get_run(target.run_id)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+            else:
+                facts = run_facts(run)
+        if facts is not None:
+            self._params = dict(facts.params)
+            self.source_tags = dict(facts.source_tags)
         self.spool = scratch.new_dir("spool")
         self.delivery = Delivery(target, self.client, self.spool)
 

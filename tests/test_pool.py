@@ -11,9 +11,11 @@ import psutil
 import pytest
 import workers
 from conftest import assert_no_workers_left, worker_processes
+from services import wait_until
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError
 from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.messages import WorkerExited
 
 
 def test_local_pool_reuses_its_ranks_with_fresh_horovod_keras_and_run(store: str) -> None:
@@ -58,13 +60,27 @@ def test_a_failed_job_replaces_the_ranks_and_the_pool_goes_on() -> None:
 def test_a_rank_killed_while_idle_is_replaced_at_the_next_run() -> None:
     runner = HorovodRunner(np=-2, track=False, stop_grace=2)
     with runner:
+        pool = runner._pool
+        assert pool is not None
         before = runner.run(workers.pool_probe, k=1)
+        # killed just before the next run: it had asked for the job, which is handed out
+        # before its exit is seen; it dies without starting it, and the job moves on
         os.kill(before["pids"][1], signal.SIGKILL)
         psutil.Process(before["pids"][0])  # rank 0 is still there, idle
         after = runner.run(workers.pool_probe, k=1)
-        assert runner._pool is not None and runner._pool.generations == 2
-    assert after["sum"] == [3.0]
-    assert after["pids"][1] != before["pids"][1]
+        assert pool.generations == 2
+        # killed, and its exit seen before the next run: found before the hand-out
+        os.kill(after["pids"][1], signal.SIGKILL)
+        wait_until(
+            lambda: pool._live is not None
+            and any(isinstance(m, WorkerExited) for m in list(pool._live.events.queue)),
+            30,
+            "the killed rank's exit report",
+        )
+        third = runner.run(workers.pool_probe, k=1)
+        assert pool.generations == 3
+    assert after["sum"] == third["sum"] == [3.0]
+    assert len({before["pids"][1], after["pids"][1], third["pids"][1]}) == 3
     assert_no_workers_left()
 
 

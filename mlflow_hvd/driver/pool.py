@@ -27,7 +27,7 @@ from mlflow_hvd.backends.base import Backend, JobSpec
 from mlflow_hvd.driver.job import message_router, new_job_id, open_channel
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
-from mlflow_hvd.errors import BackendError
+from mlflow_hvd.errors import BackendError, WorkerFailedError
 from mlflow_hvd.layout import to_slot_infos
 from mlflow_hvd.messages import (
     AwaitJob,
@@ -164,6 +164,13 @@ class _Generation:
             self.channel.stop()
 
 
+def died_before_starting(record: JobRecord) -> bool:
+    """The job failed only because ranks died before starting it (after asking for it),
+    e.g. killed while idle: no rank raised, and every rank that failed never started."""
+    failed = [r for r, e in record.exited.items() if e.exit_code != 0 and not e.stopped]
+    return bool(failed) and not record.errors and not set(failed) & set(record.started)
+
+
 class RankPool:
     """Runs jobs of ``np`` ranks on warm processes (see the module docstring).
 
@@ -198,30 +205,58 @@ class RankPool:
         """Run one job on the pool's ranks (starting them if needed) and return rank 0's
         cloudpickled value. A failed job ends the generation; the next run starts anew.
 
+        A rank that dies while idle is replaced: found before the hand-out (its exit is
+        already reported), or after it, when the rank dies having asked for the job but
+        before starting it. In both cases the job runs on a new generation.
+
         Raises:
             WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError.
         """
         settings = settings or self._settings
+        job_id = job_id or new_job_id()
         started = False
         try:
+            handed = False
             if self._live is not None:
                 try:
                     self._live.hand_out(payload, time.monotonic() + settings.start_timeout)
+                    handed = True
                 except BackendError:
                     self._discard()
             if self._live is None:
-                backend, driver_host = self._make_backend()
-                self._live = _Generation(self.np, backend, driver_host, settings, on_undelivered)
-                self.generations += 1
-                spec = self._live.first_job(payload, job_id or new_job_id(), description)
-                backend.start(spec, self._live.events.put)
-            live = self._live
-            value = supervise(JobRecord(self.np), live.events, live.backend, settings, out)
+                self._start_generation(payload, job_id, description, settings, on_undelivered)
+            record = JobRecord(self.np)
+            try:
+                value = self._supervise(record, settings, out)
+            except WorkerFailedError:
+                if not (handed and died_before_starting(record)):
+                    raise
+                self._discard()  # the job never ran: run it on new ranks
+                self._start_generation(payload, job_id, description, settings, on_undelivered)
+                value = self._supervise(JobRecord(self.np), settings, out)
             started = True
             return value
         finally:
             if not started:
                 self._discard()
+
+    def _start_generation(
+        self,
+        payload: bytes,
+        job_id: str,
+        description: str,
+        settings: DriverSettings,
+        on_undelivered: Callable[[UndeliveredTracking], None] | None,
+    ) -> None:
+        backend, driver_host = self._make_backend()
+        self._live = _Generation(self.np, backend, driver_host, settings, on_undelivered)
+        self.generations += 1
+        backend.start(self._live.first_job(payload, job_id, description), self._live.events.put)
+
+    def _supervise(self, record: JobRecord, settings: DriverSettings, out: TextIO) -> bytes:
+        live = self._live
+        assert live is not None
+        return supervise(record, live.events, live.backend, settings, out)
 
     def _discard(self) -> None:
         """Stop the current generation's ranks now (after a failure)."""

@@ -56,35 +56,14 @@ def run_facts(run: Any) -> RunFacts:
     )
 
 
-class _LazyClient:
-    """An ``MlflowClient`` made on first use. When the driver sent what rank 0 needs to
-    know of the run (:class:`~mlflow_hvd.messages.RunFacts`), the first use is the delivery
-    thread's first send, so importing MLflow and opening the store (1.5-4.5 s in a fresh
-    rank) overlaps training instead of delaying it for every rank."""
-
-    def __init__(self, tracking_uri: str) -> None:
-        self._uri = tracking_uri
-        self._client: Any = None
-        self._lock = threading.Lock()
-
-    def get(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                from mlflow import MlflowClient
-
-                self._client = MlflowClient(tracking_uri=self._uri)
-            return self._client
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.get(), name)
-
-
 class _RankLogger:
     """Rank 0's logging state: the delivery thread, its spool and the params it knows."""
 
     def __init__(self, target: TrackingTarget) -> None:
+        from mlflow import MlflowClient
+
         self.target = target
-        self.client: Any = _LazyClient(target.tracking_uri)
+        self.client = MlflowClient(tracking_uri=target.tracking_uri)
         # Params already in the run (e.g. logged by `mlflow run`): same value is a no-op,
         # a different one is refused here rather than failing later in the background.
         # During an outage they are unknown; the store then refuses a conflict itself.

@@ -147,6 +147,7 @@ class HorovodRunner:
         self._max_failures = check_positive_int("max_failures", max_failures, 0)
         self._pool: RankPool | None = None
         self._booting: Future[Any] | None = None  # a SparkSession starting (see prepare)
+        self._booting_master = ""  # the master it starts on
         self.last_job_id: str | None = None
         self.last_run_id: str | None = None
         """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
@@ -307,6 +308,8 @@ class HorovodRunner:
 
         if self._spark is not None:
             master = str(self._spark.sparkContext.master)
+        elif self._booting is not None:
+            master = self._booting_master  # resolved by prepare: no second probe
         else:
             from mlflow_hvd.backends.spark.session import resolve_master
 
@@ -341,7 +344,7 @@ class HorovodRunner:
                 booting.set_exception(exc)
 
         threading.Thread(target=boot, name="mlflow-hvd-spark-boot", daemon=True).start()
-        self._booting = booting
+        self._booting, self._booting_master = booting, master
 
     def _session(self) -> Any:
         from mlflow_hvd.backends.spark.session import get_or_create_session

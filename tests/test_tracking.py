@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -324,3 +325,20 @@ def test_attempt_records_an_unreachable_server_missed_are_saved_for_replay(
     text = Path(client.download_artifacts(run_id, attempts.error_file(0))).read_text()
     assert text == "RuntimeError: rank 1 was killed\n"
     assert not os.path.exists(bundle)
+
+
+def test_attempt_records_a_store_refuses_are_warned_about_not_saved(
+    store: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mlflow_hvd.messages import TrackingTarget
+    from mlflow_hvd.tracking import attempts
+
+    no_such_run = TrackingTarget(store, "0" * 32, "0")  # the store answers: no such run
+    root = tmp_path / "undelivered"
+    with caplog.at_level(logging.WARNING):
+        attempts.started(no_such_run, 1, 10.0, str(root))
+    assert (
+        "mlflow_hvd: the tracking store refused a write while recording the start of attempt 1 "
+        f"in run {'0' * 32} (not recorded: metric mlflow_hvd.attempt=1): "
+    ) in caplog.text
+    assert not root.exists()  # sending it again would be refused again: nothing kept

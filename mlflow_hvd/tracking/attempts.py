@@ -10,18 +10,15 @@ refused is warned about.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlflow_hvd.deadline import DeadlineExceeded, call_within
+from mlflow_hvd.deadline import call_within
 from mlflow_hvd.messages import TrackingTarget
 from mlflow_hvd.tracking import undelivered
-from mlflow_hvd.tracking.delivery import is_outage
 
 ATTEMPT_METRIC = "mlflow_hvd.attempt"
-log = logging.getLogger(__name__)
 
 
 def error_file(attempt: int) -> str:
@@ -31,7 +28,8 @@ def error_file(attempt: int) -> str:
 def started(target: TrackingTarget, attempt: int, timeout: float, root: str) -> None:
     """Record that ``attempt`` starts."""
     now = int(time.time() * 1000)
-    _record(target, timeout, root, f"the start of attempt {attempt}",
+    _record(target, timeout, root, f"recording the start of attempt {attempt}",
+            f"metric {ATTEMPT_METRIC}={attempt}",
             [["metric", ATTEMPT_METRIC, float(attempt), now, attempt]], [],
             lambda client: client.log_metric(target.run_id, ATTEMPT_METRIC, float(attempt),
                                              now, attempt))
@@ -43,8 +41,8 @@ def failed(
     """Keep ``attempt``'s error in full as an artifact of the run."""
     text = f"{type(error).__name__}: {error}\n"
     folder, name = error_file(attempt).split("/")
-    _record(target, timeout, root, error_file(attempt), [["artifact", name, folder]],
-            [(name, text.encode())],
+    _record(target, timeout, root, f"recording the failure of attempt {attempt}",
+            error_file(attempt), [["artifact", name, folder]], [(name, text.encode())],
             lambda client: client.log_text(target.run_id, text, error_file(attempt)))
 
 
@@ -52,7 +50,8 @@ def _record(
     target: TrackingTarget,
     timeout: float,
     root: str,
-    what: str,
+    doing: str,
+    missing: str,
     records: Sequence[Sequence[Any]],
     files: Sequence[tuple[str, bytes]],
     write: Callable[[Any], object],
@@ -61,15 +60,7 @@ def _record(
 
     client = MlflowClient(tracking_uri=target.tracking_uri)
     try:
-        call_within(timeout, f"recording {what}", write, client)
+        call_within(timeout, doing, write, client)
     except Exception as exc:
-        if not isinstance(exc, DeadlineExceeded) and not is_outage(exc):
-            log.warning("mlflow_hvd: the tracking store refused %s in run %s: %s", what,
-                        target.run_id, exc)
-            return
-        path = undelivered.save(root, target.run_id, target.tracking_uri, records, files)
-        log.warning(
-            "mlflow_hvd: the tracking server %s did not take %s in run %s (%s). Saved in %s; "
-            "send with: python -m mlflow_hvd.tracking.replay %s", target.tracking_uri, what,
-            target.run_id, exc, path, path,
-        )
+        undelivered.keep_or_warn(exc, root, target, f"{doing} in run {target.run_id}",
+                                 missing, records, files, timeout=timeout)

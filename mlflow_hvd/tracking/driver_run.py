@@ -10,7 +10,6 @@ the caller started is tagged but left for the caller to end.
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 import platform
 import sys
@@ -18,15 +17,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from mlflow_hvd.deadline import DeadlineExceeded, call_within
+from mlflow_hvd.deadline import call_within
 from mlflow_hvd.errors import RetriesExhaustedError, Terminated, WorkerFailedError
 from mlflow_hvd.messages import TrackingTarget
 from mlflow_hvd.tracking import undelivered
-from mlflow_hvd.tracking.delivery import is_outage
 from mlflow_hvd.tracking.rank_logger import check_server_reachable, run_facts
 
 TAG_PREFIX = "mlflow_hvd."
-log = logging.getLogger(__name__)
 
 
 def absolute_tracking_uri(uri: str, cwd: str | None = None) -> str:
@@ -186,23 +183,13 @@ class _Ending:
                         error_text)
         except Exception as err:
             missing = [name for name in steps if name not in self.done]
-            if not isinstance(err, DeadlineExceeded) and not is_outage(err):
-                log.warning("mlflow_hvd: the tracking store refused to end run %s (not "
-                            "recorded: %s): %s", run_id, "; ".join(missing), err)
-                return
-            why = (f"did not answer within {self.timeout:g}s"
-                   if isinstance(err, DeadlineExceeded) else f"failed ({err})")
-            path = undelivered.save(
-                self.root, run_id, self.target.tracking_uri,
+            undelivered.keep_or_warn(
+                err, self.root, self.target, f"ending run {run_id}", "; ".join(missing),
                 [r for name in missing for r in steps[name]],
                 [("error.txt", error_text.encode())] if "error.txt" in missing else [],
-            )
-            log.warning(
-                "mlflow_hvd: the tracking server %s while ending run "
-                "%s; not recorded: %s%s. Saved in %s; send with: python -m "
-                "mlflow_hvd.tracking.replay %s", why, run_id, "; ".join(missing),
-                " (the run stays RUNNING in MLflow until then)" if self.owned else "",
-                path, path,
+                timeout=self.timeout,
+                consequence=" (the run stays RUNNING in MLflow until then)" if self.owned
+                else "",
             )
         finally:
             if self.owned:

@@ -20,16 +20,20 @@ else ``$XDG_STATE_HOME/mlflow_hvd/undelivered`` (``~/.local/state/...``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from mlflow_hvd.messages import UndeliveredTracking
+from mlflow_hvd.deadline import DeadlineExceeded
+from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
 from mlflow_hvd.tracking import records as rec
+from mlflow_hvd.tracking.delivery import is_outage
 
 _lock = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def default_root() -> str:
@@ -77,6 +81,36 @@ def save(
                     r[1] = renamed.get(r[1], r[1])
                 out.write(rec.dumps(r) + "\n")
     return path
+
+
+def keep_or_warn(
+    error: BaseException,
+    root: str,
+    target: TrackingTarget,
+    doing: str,
+    missing: str,
+    records: Iterable[Sequence[Any]],
+    files: Iterable[tuple[str, bytes]] = (),
+    timeout: float = 0.0,
+    consequence: str = "",
+) -> None:
+    """The driver's answer to a tracking write that failed with ``error`` while ``doing``
+    (what was ``missing`` is in ``records`` and ``files``, as :func:`save` takes them).
+
+    An outage or a missed deadline (``timeout``) keeps them in the run's bundle and warns
+    with the command that sends them; a store that refused them would refuse them again, so
+    it is only warned about. Never raises the tracking error: the job's outcome stands.
+    """
+    if not isinstance(error, DeadlineExceeded) and not is_outage(error):
+        log.warning("mlflow_hvd: the tracking store refused a write while %s (not recorded: "
+                    "%s): %s", doing, missing, error)
+        return
+    why = (f"did not answer within {timeout:g}s" if isinstance(error, DeadlineExceeded)
+           else f"failed ({error})")
+    path = save(root, target.run_id, target.tracking_uri, records, files)
+    log.warning("mlflow_hvd: the tracking server %s while %s; not recorded: %s%s. Saved in "
+                "%s; send with: python -m mlflow_hvd.tracking.replay %s", why, doing,
+                missing, consequence, path, path)
 
 
 def save_message(root: str, message: UndeliveredTracking) -> str:

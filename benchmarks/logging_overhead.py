@@ -13,16 +13,24 @@ bootstrap 95% interval of the median ratio, whose width is the spread the claim 
 beat. Goal: overhead <= 3%. TensorFlow runs on one thread in both arms by default
 (``--tf-threads``), which makes a fit's time steadier on this shared 2-core machine.
 
-    .venv/bin/python benchmarks/logging_overhead.py [--repeats 60] [--epochs 3]
+    .venv/bin/python benchmarks/logging_overhead.py [--repeats 60] [--epochs 3] \
+        [--store sqlite|http]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
@@ -73,6 +81,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--store", choices=("sqlite", "http"), default="sqlite",
+                        help="sqlite: rank 0 writes a SQLite store itself (MLflow's "
+                        "SQLAlchemy store, in rank 0's process); http: an `mlflow server` "
+                        "on loopback (SQLite behind it), as on a cluster")
     parser.add_argument("--tf-threads", type=int, default=1,
                         help="TensorFlow's intra- and inter-op threads in the rank, both arms "
                         "alike (0: TensorFlow's default)")
@@ -86,15 +98,15 @@ def main() -> None:
 
     from mlflow_hvd import HorovodRunner
 
-    with tempfile.TemporaryDirectory() as tmp:
-        mlflow.set_tracking_uri(f"sqlite:///{tmp}/bench.db")
+    with tempfile.TemporaryDirectory() as tmp, _store(args.store, tmp) as uri:
+        mlflow.set_tracking_uri(uri)
         runner = HorovodRunner(np=-1)
         out = runner.run(measure, repeats=args.repeats, epochs=args.epochs,
                          batch_size=args.batch_size)
         client = mlflow.MlflowClient()
         logged = len(client.get_metric_history(runner.last_run_id, "step_loss"))
     steps = out["steps_per_fit"]
-    print(f"step_loss values in the run: {logged} "
+    print(f"store: {args.store} ({uri}); step_loss values in the run: {logged} "
           f"(expected {steps * (args.repeats + 1)})")
     for what, label in (("times", "wall"), ("cpu", "CPU (all threads)")):
         data = out[what]
@@ -108,6 +120,42 @@ def main() -> None:
               f"{statistics.median(ratios):.3f}  max {max(ratios):.3f}; 95% interval of the "
               f"median {low:.3f}-{high:.3f} (overhead "
               f"{100 * (statistics.median(ratios) - 1):+.1f}%, goal <= +3%)")
+
+
+@contextlib.contextmanager
+def _store(kind: str, tmp: str) -> Iterator[str]:
+    """The tracking URI of the store ``kind``; an ``http`` server is stopped on exit."""
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp}/bench.db"
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp}/server.db", "--artifacts-destination",
+         f"{tmp}/artifacts", "--serve-artifacts", "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"mlflow server at {url} did not come up") from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
 
 
 def _bootstrap_median(values: list[float], rounds: int = 5000) -> tuple[float, float]:

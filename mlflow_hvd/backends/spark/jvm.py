@@ -164,7 +164,9 @@ def _dump(partial: str, timeout: float) -> None:
     assert gateway is not None
     jvm = gateway.proc
     jvm.stdin.close()  # Spark's gateway exits when its stdin closes: the archive is written
-    jvm.wait(timeout=timeout)
+    code = jvm.wait(timeout=timeout)
+    if code != 0:  # the archive may be incomplete: build_archive keeps nothing
+        raise SystemExit(f"the JVM exited with status {code} while writing the archive")
 
 
 if __name__ == "__main__":

@@ -209,3 +209,22 @@ def test_worker_lines_carry_the_log_prefix() -> None:
     settings = DriverSettings(verbosity=Verbosity.ALL, log_prefix="[trial 3]")
     handle(OutputLines(1, Stream.STDOUT, ("hello",)), JobRecord(2), settings, out)
     assert out.getvalue() == "[trial 3][1]<stdout>: hello\n"
+
+
+def test_an_entry_point_exits_at_once_with_its_output_flushed() -> None:
+    """``exit_now``: the status, buffered output flushed, ``atexit`` hooks skipped (as
+    documented)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, sys\n"
+        "from mlflow_hvd.cli.common import exit_now\n"
+        "atexit.register(lambda: print('atexit ran'))\n"
+        "print('buffered line', end='')\n"  # stdout is a pipe: block-buffered
+        "sys.stderr.write('an error line')\n"
+        "exit_now(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "buffered line", "an error line")

@@ -18,6 +18,7 @@ import sys
 from mlflow_hvd.cli.common import (
     DEFAULT_TRAIN,
     add_runner_options,
+    exit_now,
     exit_status,
     load_function,
     prepare_environment,
@@ -109,4 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(exit_status(main))
+    exit_now(exit_status(main))

@@ -19,6 +19,7 @@ import time
 from mlflow_hvd.cli.common import (
     DEFAULT_TRAIN,
     add_runner_options,
+    exit_now,
     exit_status,
     load_function,
     prepare_environment,
@@ -134,4 +135,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(exit_status(main))
+    exit_now(exit_status(main))

@@ -90,8 +90,9 @@ def keep_or_warn(
     doing: str,
     missing: str,
     records: Iterable[Sequence[Any]],
-    files: Iterable[tuple[str, bytes]] = (),
-    timeout: float = 0.0,
+    files: Iterable[tuple[str, bytes]],
+    *,
+    timeout: float,
     consequence: str = "",
 ) -> None:
     """The driver's answer to a tracking write that failed with ``error`` while ``doing``

@@ -320,6 +320,14 @@ class ChannelClient:
                 f"the driver at {host}:{port} rejected this connection: wrong run secret"
             )
 
+    def another(self) -> ChannelClient:
+        """A new connection to the same driver, with the same secret and timeout.
+
+        Raises:
+            ChannelError, AuthenticationError: As the constructor.
+        """
+        return ChannelClient(*self._address, self._secret, self._timeout)
+
     def send(self, message: object, lock_timeout: float | None = None) -> None:
         """Send one message and wait until the driver has handled it.
 

@@ -203,7 +203,28 @@ class NextJob:
 
 @dataclass(frozen=True)
 class Retire:
-    """Driver -> pooled worker: the pool is closing; exit."""
+    """Driver -> pooled worker: the pool is closing; exit. Also the answer to a request
+    the driver does not handle."""
+
+
+@dataclass(frozen=True)
+class TrackingWrite(Request):
+    """Rank 0 -> driver: write these records (metric, param and tag batches, a checkpoint's
+    commit; see :mod:`mlflow_hvd.tracking.records`) into the job's run. The driver makes
+    the MLflow call and answers :class:`TrackingWritten` once the store took them, so
+    rank 0's process spends no CPU on MLflow's client for them."""
+
+    run_id: str
+    records: tuple[tuple[Any, ...], ...]
+
+
+@dataclass(frozen=True)
+class TrackingWritten:
+    """Driver -> rank 0: the answer to :class:`TrackingWrite`. ``error`` empty: stored;
+    else ``outage`` says whether to retry (server unreachable or slow) or not (refused)."""
+
+    error: str = ""
+    outage: bool = False
 
 
 JOB_END_MARK = "\x00mlflow_hvd: job done\x00"

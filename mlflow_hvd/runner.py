@@ -241,14 +241,20 @@ class HorovodRunner:
         description = f"HorovodRunner(np={self.num_processor}).run({_name(main)})" + (
             f" attempt {attempt}" if attempt else ""
         )
+        writes = None  # rank 0's metrics, params and tags: the driver writes them
+        if target is not None:
+            from mlflow_hvd.tracking.relay import Relay
+
+            writes = Relay(target).answer
         if self._pool is not None:
             value = self._pool.run(payload, description, sys.stdout, job_id,
-                                   self._save_undelivered, self._settings)
+                                   self._save_undelivered, self._settings, writes)
         else:
             backend, driver_host = self._backend()
             value = run_job(
                 abs(self.num_processor), payload, backend, self._settings, driver_host,
                 description, job_id=job_id, on_undelivered=self._save_undelivered,
+                on_tracking_write=writes,
             )
         return cloudpickle.loads(value)
 

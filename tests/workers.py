@@ -135,6 +135,22 @@ def log_some(n_steps: int = 3) -> str | None:
     return tracking.run_id()
 
 
+def log_without_mlflow(n: int = 300) -> dict[str, Any]:
+    """Rank 0 logs a param, a metric per step, a tag and a checkpoint-style commit, all
+    written by the driver; returns whether this process ever imported MLflow."""
+    import sys
+
+    from mlflow_hvd import tracking
+
+    tracking.log_params({"lr": 0.1})
+    for i in range(n):
+        tracking.log_metrics({"loss": 1.0 / (i + 1)}, step=i)
+    tracking.set_tags({"phase": "done"})
+    tracking.commit({"epoch_loss": 0.5}, step=n, tags={"ckpt": "epoch_1"})
+    tracking.flush()
+    return {"mlflow_loaded": "mlflow" in sys.modules}
+
+
 def sleep_forever() -> None:
     print("worker sleeping", flush=True)
     import mlflow_hvd

@@ -15,7 +15,14 @@ from mlflow_hvd.backends.base import Backend, JobSpec
 from mlflow_hvd.channel import ChannelServer
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
-from mlflow_hvd.messages import LayoutReport, UndeliveredTracking
+from mlflow_hvd.messages import (
+    LayoutReport,
+    Retire,
+    TrackingWrite,
+    UndeliveredTracking,
+)
+
+TrackingWriter = Callable[[TrackingWrite], object]  # a TrackingWritten, or Retire
 
 
 def run_job(
@@ -28,12 +35,14 @@ def run_job(
     out: TextIO | None = None,
     job_id: str | None = None,
     on_undelivered: Callable[[UndeliveredTracking], None] | None = None,
+    on_tracking_write: TrackingWriter | None = None,
 ) -> bytes:
     """Run one job to completion and return rank 0's cloudpickled return value.
 
     Starts the channel and rendezvous servers and the backend, supervises the job, and
     always stops all three before returning or raising. Tracking records rank 0 could not
-    deliver are passed to ``on_undelivered`` as they arrive.
+    deliver are passed to ``on_undelivered`` as they arrive; ``on_tracking_write`` answers
+    rank 0's writes (:mod:`mlflow_hvd.tracking.relay`; None: rank 0 writes them itself).
 
     Raises:
         WorkerFailedError: A rank raised, exited non-zero or was killed.
@@ -45,7 +54,7 @@ def run_job(
     rendezvous = Rendezvous()
     on_message = message_router(events, rendezvous, on_undelivered)
     secret = secrets.token_bytes(32)
-    channel = open_channel(secret, on_message, driver_host)
+    channel = open_channel(secret, on_message, driver_host, request_router(on_tracking_write))
     try:
         job = JobSpec(
             np=np,
@@ -113,6 +122,22 @@ def message_router(
             events.put(message)
 
     return on_message
+
+
+def request_router(
+    on_tracking_write: TrackingWriter | None,
+    on_other: Callable[[object], object] | None = None,
+) -> Callable[[object], object]:
+    """Who answers each request: rank 0's tracking writes go to ``on_tracking_write``,
+    others to ``on_other``; ``Retire`` when nobody handles it (a rank that asked to
+    relay its records then writes them itself)."""
+
+    def on_request(request: object) -> object:
+        if isinstance(request, TrackingWrite):
+            return on_tracking_write(request) if on_tracking_write is not None else Retire()
+        return on_other(request) if on_other is not None else Retire()
+
+    return on_request
 
 
 def new_job_id() -> str:

@@ -24,7 +24,13 @@ from collections.abc import Callable
 from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend, JobSpec
-from mlflow_hvd.driver.job import message_router, new_job_id, open_channel
+from mlflow_hvd.driver.job import (
+    TrackingWriter,
+    message_router,
+    new_job_id,
+    open_channel,
+    request_router,
+)
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
 from mlflow_hvd.errors import BackendError, WorkerFailedError
@@ -34,6 +40,7 @@ from mlflow_hvd.messages import (
     NextJob,
     RankDisconnected,
     Retire,
+    TrackingWrite,
     UndeliveredTracking,
     WorkerError,
     WorkerExited,
@@ -61,10 +68,12 @@ class _Generation:
         self._handed = 0  # jobs handed out after the first
         self._payload = b""
         self._retiring = False
+        self.on_tracking_write: TrackingWriter | None = None  # the current job's
         route = message_router(self.events, self.rendezvous, on_undelivered)
         self.secret = secrets.token_bytes(32)
+        answer = request_router(lambda request: self._write(request), self._on_request)
         try:
-            self.channel = open_channel(self.secret, route, driver_host, self._on_request)
+            self.channel = open_channel(self.secret, route, driver_host, answer)
             self.port = self.channel.start()
         except BaseException:
             self.rendezvous.stop()
@@ -87,6 +96,11 @@ class _Generation:
             gloo_iface=self.settings.gloo_iface,
             pooled=True,
         )
+
+    def _write(self, request: TrackingWrite) -> object:
+        """Rank 0's tracking write, answered by the current job's writer."""
+        writer = self.on_tracking_write
+        return writer(request) if writer is not None else Retire()
 
     def _on_request(self, request: object) -> object:
         """A rank finished its job: hold it until the next job or the pool's close."""
@@ -201,9 +215,11 @@ class RankPool:
         job_id: str | None = None,
         on_undelivered: Callable[[UndeliveredTracking], None] | None = None,
         settings: DriverSettings | None = None,
+        on_tracking_write: TrackingWriter | None = None,
     ) -> bytes:
         """Run one job on the pool's ranks (starting them if needed) and return rank 0's
         cloudpickled value. A failed job ends the generation; the next run starts anew.
+        ``on_tracking_write`` answers this job's tracking writes from rank 0.
 
         A rank that dies while idle is replaced: found before the hand-out (its exit is
         already reported), or after it, when the rank dies having asked for the job but
@@ -218,13 +234,15 @@ class RankPool:
         try:
             handed = False
             if self._live is not None:
+                self._live.on_tracking_write = on_tracking_write
                 try:
                     self._live.hand_out(payload, time.monotonic() + settings.start_timeout)
                     handed = True
                 except BackendError:
                     self._discard()
             if self._live is None:
-                self._start_generation(payload, job_id, description, settings, on_undelivered)
+                self._start_generation(payload, job_id, description, settings, on_undelivered,
+                                       on_tracking_write)
             record = JobRecord(self.np)
             try:
                 value = self._supervise(record, settings, out)
@@ -232,7 +250,8 @@ class RankPool:
                 if not (handed and died_before_starting(record)):
                     raise
                 self._discard()  # the job never ran: run it on new ranks
-                self._start_generation(payload, job_id, description, settings, on_undelivered)
+                self._start_generation(payload, job_id, description, settings, on_undelivered,
+                                       on_tracking_write)
                 value = self._supervise(JobRecord(self.np), settings, out)
             started = True
             return value
@@ -247,9 +266,11 @@ class RankPool:
         description: str,
         settings: DriverSettings,
         on_undelivered: Callable[[UndeliveredTracking], None] | None,
+        on_tracking_write: TrackingWriter | None,
     ) -> None:
         backend, driver_host = self._make_backend()
         self._live = _Generation(self.np, backend, driver_host, settings, on_undelivered)
+        self._live.on_tracking_write = on_tracking_write
         self.generations += 1
         backend.start(self._live.first_job(payload, job_id, description), self._live.events.put)
 

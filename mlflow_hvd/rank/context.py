@@ -8,6 +8,7 @@ functions fall back to local behaviour.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from mlflow_hvd.channel import ChannelClient
 from mlflow_hvd.messages import OutputLines, Stream
@@ -23,6 +24,13 @@ def install(client: ChannelClient, rank: int, attempt: int = 0) -> None:
     global _client, _rank, _attempt
     with _lock:
         _client, _rank, _attempt = client, rank, attempt
+
+
+def connector() -> Callable[[], ChannelClient] | None:
+    """What opens another connection to the driver, for a thread whose requests must
+    neither wait behind nor hold up the worker's own messages; None outside a worker."""
+    client = _client
+    return None if client is None else client.another
 
 
 def attempt() -> int:

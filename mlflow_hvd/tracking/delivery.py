@@ -21,8 +21,10 @@ import collections
 import contextlib
 import os
 import shutil
+import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlflow_hvd.errors import TrackingError
@@ -40,20 +42,20 @@ _OUTAGE_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXC
 def is_outage(exc: BaseException) -> bool:
     """True for errors that mean "the server is unreachable or overloaded" (retry later),
     False for a refusal (a bad request, an inactive run: retrying cannot help)."""
-    from mlflow.exceptions import MlflowException
-
-    if isinstance(exc, MlflowException):
-        return exc.error_code in _OUTAGE_CODES
-    return isinstance(exc, OSError | TimeoutError | ConnectionError)
+    if isinstance(exc, OSError | TimeoutError):
+        return True
+    errors = sys.modules.get("mlflow.exceptions")  # an MLflow error means MLflow is loaded
+    return (errors is not None and isinstance(exc, errors.MlflowException)
+            and exc.error_code in _OUTAGE_CODES)
 
 
 class Delivery:
     """The background sender of one rank-0 process (see the module docstring)."""
 
-    def __init__(self, target: TrackingTarget, client: Any, spool_dir: str,
-                 memory_limit: int = MEMORY_LIMIT) -> None:
+    def __init__(self, target: TrackingTarget, send: Callable[[Sequence[Record]], None],
+                 spool_dir: str, memory_limit: int = MEMORY_LIMIT) -> None:
         self.target = target
-        self.client = client
+        self._send = send  # makes the call(s) for one batch (:mod:`.sender`); raises on failure
         self.spool_dir = spool_dir
         self._memory_limit = memory_limit
         self._cond = threading.Condition()
@@ -85,7 +87,10 @@ class Delivery:
             self._put += 1
             if record[0] == "commit":
                 self._flush_wanted = self._put
-            self._cond.notify()
+            # Waking the thread for every value (five per step) made it contend with
+            # training for the GIL; it takes the inbox at its next send interval instead.
+            if record[0] == "commit" or len(self._inbox) >= rec.MAX_METRICS:
+                self._cond.notify_all()
 
     def stage_file(self, src: str, name: str | None = None) -> str:
         """Copy ``src`` into the spool (the caller may delete or rewrite it at once)."""
@@ -165,13 +170,14 @@ class Delivery:
                 if self._stopped:
                     return
                 if not pending or not (wanted or due or len(self._memory) >= rec.MAX_METRICS):
-                    if not self._inbox:
-                        self._cond.wait(SEND_INTERVAL if not pending else 0.1)
+                    # sleep until the next send is due (or a commit, a flush, a full batch)
+                    since = time.monotonic() - last_send
+                    self._cond.wait(max(0.01, SEND_INTERVAL - since) if pending else SEND_INTERVAL)
                     continue
                 batch = self._head()
             last_send = time.monotonic()
             try:
-                rec.send(self.client, self.target.run_id, batch)
+                self._send(batch)
             except Exception as exc:
                 if is_outage(exc):
                     self._note_outage(exc)

@@ -1,8 +1,9 @@
 """Rank side of tracking: rank 0 writes to the driver's run, other ranks do nothing.
 
 Every function goes through one gate, :func:`is_logging_rank`. On rank 0 they write to the
-driver's MLflow run (its id and tracking URI travel with the job) through
-:class:`mlflow.MlflowClient`, never starting or ending a run on the worker.
+driver's MLflow run (its id and tracking URI travel with the job), never starting or ending
+a run on the worker: metrics, params and tags through the driver, which makes the MLflow
+calls (:mod:`.sender`), artifacts and models with :class:`mlflow.MlflowClient`.
 
 Training never waits for MLflow: params, metrics, tags, artifacts (copied first, so the
 caller may delete its file) and checkpoints become ordered records that a background thread
@@ -31,8 +32,10 @@ from typing import Any
 from mlflow_hvd import scratch
 from mlflow_hvd.errors import ConfigurationError, TrackingError
 from mlflow_hvd.messages import RunFacts, TrackingTarget, UndeliveredTracking
+from mlflow_hvd.rank import context
 from mlflow_hvd.tracking import requirements
 from mlflow_hvd.tracking.delivery import Delivery, is_outage
+from mlflow_hvd.tracking.sender import Sender
 
 SERVER_CONNECT_TIMEOUT = 10.0  # seconds rank 0 gives the tracking server to accept
 # MLflow's HTTP client retries for minutes by default; rank 0 retries by itself (with no
@@ -60,10 +63,10 @@ class _RankLogger:
     """Rank 0's logging state: the delivery thread, its spool and the params it knows."""
 
     def __init__(self, target: TrackingTarget) -> None:
-        from mlflow import MlflowClient
-
         self.target = target
-        self.client = MlflowClient(tracking_uri=target.tracking_uri)
+        # metric/param/tag batches go through the driver (no MLflow client on rank 0 for
+        # them); the client is created only for artifacts, models and restarts
+        self.sender = Sender(target, context.connector())
         # Params already in the run (e.g. logged by `mlflow run`): same value is a no-op,
         # a different one is refused here rather than failing later in the background.
         # During an outage they are unknown; the store then refuses a conflict itself.
@@ -83,7 +86,12 @@ class _RankLogger:
             self._params = dict(facts.params)
             self.source_tags = dict(facts.source_tags)
         self.spool = scratch.new_dir("spool")
-        self.delivery = Delivery(target, self.client, self.spool)
+        self.delivery = Delivery(target, self.sender, self.spool)
+
+    @property
+    def client(self) -> Any:
+        """An ``MlflowClient`` for the run's store (imports MLflow on first use)."""
+        return self.sender.client
 
     def check_param(self, key: str, value: str, keep_existing: bool = False) -> bool:
         """True if the param must be sent; False if already logged (with this value, or with
@@ -106,6 +114,7 @@ class _RankLogger:
         try:
             return self.delivery.close(timeout, host)
         finally:
+            self.sender.close()
             shutil.rmtree(self.spool, ignore_errors=True)
 
 

@@ -1,0 +1,110 @@
+"""Driver side of rank 0's tracking writes (:mod:`.sender`): the driver, which owns the
+run, makes the MLflow calls for the records rank 0 sends it.
+
+Each :class:`~mlflow_hvd.messages.TrackingWrite` is answered with a
+:class:`~mlflow_hvd.messages.TrackingWritten`: stored, a refusal, or an outage (rank 0 then
+keeps the records, spilling to disk, and sends them again with backoff; see
+:mod:`.delivery`). MLflow's HTTP client retries for minutes by default, and the driver's
+environment is the user's, so the driver does not wait for it to give up: it answers
+"outage" as soon as the server stops accepting connections (a TCP probe before each call
+and every ``PROBE_EVERY`` seconds during it), or when a call takes ``timeout`` seconds.
+Such a call is left to finish in the background, and until it has, later writes are
+answered "outage" at once: at most one call per job is in flight, so records reach the
+store in the order rank 0 sent them (a batch sent again is deduplicated by MLflow). Hence
+a server that dies *during* a call is noticed at once but written to again only when
+MLflow's own retries of that call end (its backoff: up to minutes); records wait on rank 0
+meanwhile, and what the job's end finds undelivered is saved for replay.
+
+Only the job's own run is written: records for any other run id are refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from mlflow_hvd.errors import TrackingError
+from mlflow_hvd.messages import TrackingTarget, TrackingWrite, TrackingWritten
+from mlflow_hvd.tracking import records as rec
+from mlflow_hvd.tracking.delivery import is_outage
+from mlflow_hvd.tracking.rank_logger import check_server_reachable
+
+WRITE_TIMEOUT = 20.0  # seconds one MLflow call may take before rank 0 hears "outage"
+PROBE_TIMEOUT = 5.0  # seconds to connect to an HTTP tracking server
+PROBE_EVERY = 1.0  # seconds between probes while a call runs
+
+
+class Relay:
+    """Writes one job's records from rank 0 into the job's run (see the module docstring)."""
+
+    def __init__(self, target: TrackingTarget, timeout: float = WRITE_TIMEOUT) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._running: threading.Thread | None = None  # a call abandoned at its deadline
+
+    def answer(self, request: TrackingWrite) -> TrackingWritten:
+        """Write ``request``'s records; never raises (the answer carries the error)."""
+        uri, run_id = self.target.tracking_uri, self.target.run_id
+        if request.run_id != run_id:
+            return TrackingWritten(
+                f"the driver writes only this job's run {run_id}; it refused records for run "
+                f"{request.run_id}"
+            )
+        with self._lock:
+            if self._running is not None and self._running.is_alive():
+                return TrackingWritten(
+                    f"the tracking server at {uri} has not yet answered the driver's previous "
+                    "write", outage=True)
+            self._running = None
+            problem = self._unreachable()
+            if problem:
+                return TrackingWritten(problem, outage=True)
+            return self._write(request.records)
+
+    def _write(self, records: tuple[tuple[Any, ...], ...]) -> TrackingWritten:
+        uri = self.target.tracking_uri
+        box: dict[str, BaseException] = {}
+        client = self._mlflow()
+
+        def call() -> None:
+            try:
+                rec.send(client, self.target.run_id, [list(r) for r in records])
+            except BaseException as exc:  # answered to rank 0
+                box["error"] = exc
+
+        thread = threading.Thread(target=call, name="mlflow-hvd-relay-write", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + self.timeout
+        while True:
+            thread.join(max(0.0, min(PROBE_EVERY, deadline - time.monotonic())))
+            if not thread.is_alive():
+                break
+            problem = self._unreachable() or (
+                f"the tracking server at {uri} did not answer the driver within "
+                f"{self.timeout:g}s" if time.monotonic() >= deadline else "")
+            if problem:
+                self._running = thread
+                return TrackingWritten(problem, outage=True)
+        error = box.get("error")
+        if error is None:
+            return TrackingWritten()
+        return TrackingWritten(str(error) or type(error).__name__, outage=is_outage(error))
+
+    def _unreachable(self) -> str:
+        """Why an HTTP tracking server cannot be reached now, or ""."""
+        try:
+            check_server_reachable(self.target.tracking_uri, "the driver", PROBE_TIMEOUT)
+        except TrackingError as exc:
+            return (f"the driver cannot connect to the tracking server at "
+                    f"{self.target.tracking_uri}: {exc.__cause__ or exc}")
+        return ""
+
+    def _mlflow(self) -> Any:
+        if self._client is None:
+            from mlflow import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.target.tracking_uri)
+        return self._client

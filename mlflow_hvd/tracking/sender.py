@@ -1,0 +1,97 @@
+"""Rank side: how rank 0's delivery thread (:mod:`.delivery`) sends one batch of records.
+
+Metric, param and tag batches and checkpoint commits go to the driver, as a
+:class:`~mlflow_hvd.messages.TrackingWrite` on a channel connection of their own; the
+driver, which owns the run, makes the MLflow call (:mod:`.relay`) and answers once the store
+took them. For each batch rank 0 then spends a pickle and a socket round trip instead of
+running MLflow's client (SQLAlchemy, or protobuf, JSON and HTTP) on the training process's
+CPU and under its GIL, which cost 6-13% of a small model's step time when logging every
+step (``benchmarks/logging_overhead.py``). Artifact files go from rank 0 straight to the
+artifact store (their bytes need not travel through the driver). Records stay in order: the
+delivery thread sends one batch at a time, whichever way it goes.
+
+The driver's answer becomes an exception that :func:`.delivery.is_outage` classifies:
+``ConnectionError`` for an outage (retried with backoff), :class:`TrackingError` for a
+refusal. A driver that does not write for rank 0 (it answers ``Retire``) is bypassed: rank 0
+then writes every record itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mlflow_hvd.channel import ChannelClient
+from mlflow_hvd.errors import ChannelError, TrackingError
+from mlflow_hvd.messages import TrackingTarget, TrackingWrite, TrackingWritten
+from mlflow_hvd.tracking import records as rec
+from mlflow_hvd.tracking.records import Record
+
+RELAYED = ("metric", "param", "tag", "commit")
+
+
+class Sender:
+    """Sends batches for one job's rank 0: through the driver when ``connect`` (which opens
+    a new connection to it) is given, else straight to MLflow.
+
+    Called only from the delivery thread (one batch at a time); :attr:`client` may also be
+    used by the training thread.
+    """
+
+    def __init__(self, target: TrackingTarget,
+                 connect: Callable[[], ChannelClient] | None) -> None:
+        self.target = target
+        self.relayed = connect is not None
+        self._connect = connect
+        self._channel: ChannelClient | None = None
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        """An ``MlflowClient`` for the run's store, created on first use: a rank 0 that only
+        logs metrics, params and tags never imports MLflow."""
+        with self._lock:
+            if self._client is None:
+                from mlflow import MlflowClient
+
+                self._client = MlflowClient(tracking_uri=self.target.tracking_uri)
+            return self._client
+
+    def __call__(self, batch: Sequence[Record]) -> None:
+        if self.relayed and batch[0][0] in RELAYED:
+            self._relay(batch)
+        else:
+            rec.send(self.client, self.target.run_id, batch)
+
+    def _relay(self, batch: Sequence[Record]) -> None:
+        request = TrackingWrite(self.target.run_id, tuple(tuple(r) for r in batch))
+        try:
+            if self._channel is None and self._connect is not None:
+                self._channel = self._connect()
+            assert self._channel is not None  # relayed implies connect
+            answer = self._channel.request(request)
+        except ChannelError as exc:
+            self.close()  # reconnect on the next try
+            raise ConnectionError(
+                f"cannot reach the driver, which writes rank 0's records to "
+                f"{self.target.tracking_uri}: {exc}"
+            ) from exc
+        if not isinstance(answer, TrackingWritten):  # a driver that does not relay
+            self.relayed = False
+            self.close()
+            rec.send(self.client, self.target.run_id, batch)
+            return
+        if answer.error and answer.outage:
+            raise ConnectionError(answer.error)
+        if answer.error:
+            raise TrackingError(answer.error)
+
+    def close(self) -> None:
+        """Close the connection to the driver (the next relayed batch opens a new one)."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                channel.close()

@@ -1,0 +1,171 @@
+"""Rank 0's metric, param and tag writes made by the driver (:mod:`mlflow_hvd.tracking.relay`
+on the driver, :mod:`mlflow_hvd.tracking.sender` on rank 0), against real stores."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import mlflow
+import pytest
+import workers
+
+from mlflow_hvd import HorovodRunner
+from mlflow_hvd.channel import ChannelClient, ChannelServer
+from mlflow_hvd.errors import TrackingError
+from mlflow_hvd.messages import TrackingTarget, TrackingWrite, TrackingWritten
+from mlflow_hvd.tracking.relay import Relay
+from mlflow_hvd.tracking.sender import Sender
+
+SECRET = b"r" * 32
+
+
+def _metric(value: float, step: int) -> tuple[Any, ...]:
+    return ("metric", "m", value, int(time.time() * 1000), step)
+
+
+def test_the_driver_writes_rank_0s_records_and_rank_0_never_imports_mlflow(store: str) -> None:
+    runner = HorovodRunner(np=-1)
+    out = runner.run(workers.log_without_mlflow, n=300)
+    assert out == {"mlflow_loaded": False}
+    client = mlflow.MlflowClient()
+    run = client.get_run(str(runner.last_run_id))
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(i, 1.0 / (i + 1)) for i in range(300)]
+    assert run.data.params == {"lr": "0.1"}
+    assert (run.data.tags["phase"], run.data.tags["ckpt"]) == ("done", "epoch_1")
+    assert run.data.metrics["epoch_loss"] == 0.5
+
+
+def test_the_relay_writes_only_the_jobs_run_and_passes_a_refusal_on(store: str) -> None:
+    client = mlflow.MlflowClient()
+    run_id = client.create_run("0").info.run_id
+    relay = Relay(TrackingTarget(store, run_id, "0"))
+    assert relay.answer(TrackingWrite(run_id, (_metric(1.0, 0),))) == TrackingWritten()
+    assert [m.value for m in client.get_metric_history(run_id, "m")] == [1.0]
+    assert relay.answer(TrackingWrite("another", (_metric(2.0, 1),))) == TrackingWritten(
+        f"the driver writes only this job's run {run_id}; it refused records for run another"
+    )
+    client.delete_run(run_id)
+    refused = relay.answer(TrackingWrite(run_id, (_metric(3.0, 2),)))
+    assert not refused.outage
+    assert "must be in the 'active' state" in refused.error
+
+
+def test_the_relay_answers_outage_at_once_for_a_server_that_is_down(store: str) -> None:
+    run_id = mlflow.MlflowClient().create_run("0").info.run_id
+    url = f"http://127.0.0.1:{_closed_port()}"
+    answer = Relay(TrackingTarget(url, run_id, "0")).answer(
+        TrackingWrite(run_id, (_metric(1.0, 0),)))
+    assert answer.outage
+    assert answer.error.startswith(
+        f"the driver cannot connect to the tracking server at {url}: ")
+    assert "Connection refused" in answer.error
+
+
+def test_a_call_the_server_never_answers_holds_later_writes_until_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that accepts connections but never answers: the relay answers "outage"
+    at its deadline, then at once while that call runs; once the call ends (the server
+    is gone), the next write is tried again."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(8)  # the kernel accepts connections; nobody ever reads them
+    url = f"http://127.0.0.1:{mute.getsockname()[1]}"
+    relay = Relay(TrackingTarget(url, "r1", "0"), timeout=0.5)
+    write = TrackingWrite("r1", (_metric(1.0, 0),))
+    try:
+        first = relay.answer(write)
+        assert first == TrackingWritten(
+            f"the tracking server at {url} did not answer the driver within 0.5s", outage=True)
+        assert relay.answer(write) == TrackingWritten(
+            f"the tracking server at {url} has not yet answered the driver's previous write",
+            outage=True)
+    finally:
+        mute.close()  # the pending connections are reset: the abandoned call ends
+    deadline = time.monotonic() + 60
+    while True:
+        answer = relay.answer(write)
+        if "previous write" not in answer.error or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert answer.outage
+    assert answer.error.startswith(f"the driver cannot connect to the tracking server at {url}")
+
+
+@pytest.fixture()
+def relaying_driver(store: str) -> Iterator[tuple[ChannelServer, TrackingTarget]]:
+    """A driver channel whose requests a :class:`Relay` answers, and the job's run."""
+    run_id = mlflow.MlflowClient().create_run("0").info.run_id
+    target = TrackingTarget(store, run_id, "0")
+    relay = Relay(target)
+    server = ChannelServer(SECRET, lambda message: None, "127.0.0.1",
+                           lambda request: relay.answer(request))
+    server.start()
+    yield server, target
+    server.stop()
+
+
+def _connect(server: ChannelServer) -> Any:
+    return lambda: ChannelClient("127.0.0.1", server.port, SECRET, timeout=10)
+
+
+def test_rank_0_sends_batches_through_the_driver_and_artifacts_itself(
+    relaying_driver: tuple[ChannelServer, TrackingTarget], tmp_path: Any
+) -> None:
+    server, target = relaying_driver
+    sender = Sender(target, _connect(server))
+    sender([["metric", "m", 1.0, 1000, 0], ["param", "p", "x"], ["tag", "t", "y"]])
+    (tmp_path / "a.txt").write_text("hi")
+    sender([["artifact", str(tmp_path / "a.txt"), "files"]])
+    sender.close()
+    client = mlflow.MlflowClient()
+    run = client.get_run(target.run_id)
+    assert (run.data.metrics, run.data.params, run.data.tags["t"]) == ({"m": 1.0}, {"p": "x"}, "y")
+    assert [a.path for a in client.list_artifacts(target.run_id, "files")] == ["files/a.txt"]
+    assert sender.relayed
+
+
+def test_the_drivers_refusal_and_outage_reach_rank_0_as_errors_the_delivery_classifies(
+    relaying_driver: tuple[ChannelServer, TrackingTarget], store: str
+) -> None:
+    from mlflow_hvd.tracking.delivery import is_outage
+
+    server, target = relaying_driver
+    mlflow.MlflowClient().delete_run(target.run_id)
+    sender = Sender(target, _connect(server))
+    with pytest.raises(TrackingError, match="must be in the 'active' state") as refused:
+        sender([["metric", "m", 1.0, 1000, 0]])
+    assert not is_outage(refused.value)
+    server.stop()  # the driver is gone
+    with pytest.raises(ConnectionError) as gone:
+        sender([["metric", "m", 1.0, 1000, 0]])
+    assert is_outage(gone.value)
+    assert str(gone.value).startswith(
+        f"cannot reach the driver, which writes rank 0's records to {store}: ")
+
+
+def test_a_driver_that_does_not_relay_makes_rank_0_write_itself(store: str) -> None:
+    run_id = mlflow.MlflowClient().create_run("0").info.run_id
+    server = ChannelServer(SECRET, lambda message: None, "127.0.0.1")  # answers Retire
+    server.start()
+    try:
+        sender = Sender(TrackingTarget(store, run_id, "0"), _connect(server))
+        sender([["metric", "m", 5.0, 1000, 0]])
+        sender([["metric", "m", 6.0, 1001, 1]])
+    finally:
+        server.stop()
+    assert not sender.relayed
+    history = mlflow.MlflowClient().get_metric_history(run_id, "m")
+    assert [(m.step, m.value) for m in history] == [(0, 5.0), (1, 6.0)]
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -150,19 +150,22 @@ def test_the_drivers_refusal_and_outage_reach_rank_0_as_errors_the_delivery_clas
         f"cannot reach the driver, which writes rank 0's records to {store}: ")
 
 
-def test_a_driver_that_does_not_relay_makes_rank_0_write_itself(store: str) -> None:
-    run_id = mlflow.MlflowClient().create_run("0").info.run_id
+def test_a_driver_that_does_not_take_records_is_a_refusal_naming_the_run(store: str) -> None:
+    from mlflow_hvd.tracking.delivery import is_outage
+
     server = ChannelServer(SECRET, lambda message: None, "127.0.0.1")  # answers Retire
     server.start()
     try:
-        sender = Sender(TrackingTarget(store, run_id, "0"), _connect(server))
-        sender([["metric", "m", 5.0, 1000, 0]])
-        sender([["metric", "m", 6.0, 1001, 1]])
+        sender = Sender(TrackingTarget(store, "r9", "0"), _connect(server))
+        with pytest.raises(TrackingError) as info:
+            sender([["metric", "m", 5.0, 1000, 0]])
     finally:
         server.stop()
-    assert not sender.relayed
-    history = mlflow.MlflowClient().get_metric_history(run_id, "m")
-    assert [(m.step, m.value) for m in history] == [(0, 5.0), (1, 6.0)]
+    assert str(info.value) == (
+        "the driver did not take rank 0's records for run r9 (it answered Retire): is the "
+        "driver running another version of mlflow_hvd?"
+    )
+    assert not is_outage(info.value)
 
 
 def _closed_port() -> int:

@@ -93,6 +93,15 @@ class _RankLogger:
         """An ``MlflowClient`` for the run's store (imports MLflow on first use)."""
         return self.sender.client
 
+    def put_artifact(self, path: str, artifact_dir: str) -> None:
+        """Queue a staged file for upload from rank 0.
+
+        MLflow is imported here, on the caller's thread, before the delivery thread needs
+        it: MLflow's package imports itself in cycles that break when two threads import
+        it at once (the training code may be importing ``mlflow.models`` right then)."""
+        _ = self.sender.client
+        self.delivery.put(["artifact", path, artifact_dir])
+
     def check_param(self, key: str, value: str, keep_existing: bool = False) -> bool:
         """True if the param must be sent; False if already logged (with this value, or with
         any value when ``keep_existing``)."""
@@ -294,7 +303,7 @@ def log_artifact(local_path: str, artifact_path: str | None = None) -> None:
     logger = _require()
     if logger is not None:
         staged = logger.delivery.stage_file(local_path)
-        logger.delivery.put(["artifact", staged, artifact_path or ""])
+        logger.put_artifact(staged, artifact_path or "")
 
 
 def log_artifacts(local_dir: str, artifact_path: str | None = None) -> None:
@@ -307,7 +316,7 @@ def log_artifacts(local_dir: str, artifact_path: str | None = None) -> None:
         parts = [p for p in (artifact_path, None if rel == "." else rel) if p]
         for name in sorted(files):
             staged = logger.delivery.stage_file(os.path.join(root, name))
-            logger.delivery.put(["artifact", staged, "/".join(parts)])
+            logger.put_artifact(staged, "/".join(parts))
 
 
 def log_dict(data: Mapping[str, Any], artifact_file: str) -> None:
@@ -319,7 +328,7 @@ def log_dict(data: Mapping[str, Any], artifact_file: str) -> None:
     path = os.path.join(folder, os.path.basename(artifact_file))
     with open(path, "w") as f:
         json.dump(dict(data), f, indent=2, default=str)
-    logger.delivery.put(["artifact", path, os.path.dirname(artifact_file)])
+    logger.put_artifact(path, os.path.dirname(artifact_file))
 
 
 def scratch_file_dir(logger: _RankLogger) -> str:

@@ -12,8 +12,12 @@ delivery thread sends one batch at a time, whichever way it goes.
 
 The driver's answer becomes an exception that :func:`.delivery.is_outage` classifies:
 ``ConnectionError`` for an outage (retried with backoff), :class:`TrackingError` for a
-refusal. A driver that does not write for rank 0 (it answers ``Retire``) is bypassed: rank 0
-then writes every record itself.
+refusal.
+
+MLflow is never imported first by the delivery thread: its package imports itself in cycles
+that break when two threads import it at once (``ImportError: cannot import name ...``, seen
+when the training code imported ``mlflow.models`` while a checkpoint was being uploaded).
+:meth:`client` is created on the training thread before an artifact is queued.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class Sender:
     def __init__(self, target: TrackingTarget,
                  connect: Callable[[], ChannelClient] | None) -> None:
         self.target = target
-        self.relayed = connect is not None
+        self.relayed = connect is not None  # False outside a worker (no driver to write)
         self._connect = connect
         self._channel: ChannelClient | None = None
         self._client: Any = None
@@ -79,11 +83,12 @@ class Sender:
                 f"cannot reach the driver, which writes rank 0's records to "
                 f"{self.target.tracking_uri}: {exc}"
             ) from exc
-        if not isinstance(answer, TrackingWritten):  # a driver that does not relay
-            self.relayed = False
-            self.close()
-            rec.send(self.client, self.target.run_id, batch)
-            return
+        if not isinstance(answer, TrackingWritten):
+            raise TrackingError(
+                f"the driver did not take rank 0's records for run {self.target.run_id} "
+                f"(it answered {type(answer).__name__}): is the driver running another "
+                "version of mlflow_hvd?"
+            )
         if answer.error and answer.outage:
             raise ConnectionError(answer.error)
         if answer.error:

@@ -39,6 +39,16 @@ def test_the_driver_writes_rank_0s_records_and_rank_0_never_imports_mlflow(store
     assert run.data.metrics["epoch_loss"] == 0.5
 
 
+def test_mlflow_is_imported_on_the_training_thread_when_a_file_is_queued(store: str) -> None:
+    """The delivery thread never imports MLflow first: a training thread importing, say,
+    ``mlflow.models`` at the same moment broke MLflow's import cycles (ImportError)."""
+    runner = HorovodRunner(np=-1)
+    assert runner.run(workers.artifact_after_metrics) == (False, True)
+    client = mlflow.MlflowClient()
+    assert [a.path for a in client.list_artifacts(str(runner.last_run_id), "d")] == ["d/x.json"]
+    assert client.get_run(str(runner.last_run_id)).data.metrics == {"a": 1.0}
+
+
 def test_the_relay_writes_only_the_jobs_run_and_passes_a_refusal_on(store: str) -> None:
     client = mlflow.MlflowClient()
     run_id = client.create_run("0").info.run_id

@@ -151,6 +151,21 @@ def log_without_mlflow(n: int = 300) -> dict[str, Any]:
     return {"mlflow_loaded": "mlflow" in sys.modules}
 
 
+def artifact_after_metrics() -> tuple[bool, bool]:
+    """Rank 0 logs a metric, then a file: returns whether MLflow was imported before the
+    file was queued and right after (on this thread, before the delivery thread needs it)."""
+    import sys
+
+    from mlflow_hvd import tracking
+
+    tracking.log_metrics({"a": 1.0}, step=0)
+    before = "mlflow" in sys.modules
+    tracking.log_dict({"x": 1}, "d/x.json")
+    after = "mlflow" in sys.modules
+    tracking.flush()
+    return before, after
+
+
 def sleep_forever() -> None:
     print("worker sleeping", flush=True)
     import mlflow_hvd

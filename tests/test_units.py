@@ -181,7 +181,7 @@ def test_no_interface_holding_the_route_source_is_a_configuration_error(
 
 def test_rank_0_refuses_a_tracking_server_it_cannot_reach() -> None:
     from mlflow_hvd.errors import TrackingError
-    from mlflow_hvd.tracking.rank_logger import check_server_reachable
+    from mlflow_hvd.tracking.server import check_server_reachable
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ from mlflow_hvd.deadline import call_within
 from mlflow_hvd.errors import RetriesExhaustedError, Terminated, WorkerFailedError
 from mlflow_hvd.messages import TrackingTarget
 from mlflow_hvd.tracking import undelivered
-from mlflow_hvd.tracking.rank_logger import check_server_reachable, run_facts
+from mlflow_hvd.tracking.server import check_server_reachable, run_facts
 
 TAG_PREFIX = "mlflow_hvd."
 

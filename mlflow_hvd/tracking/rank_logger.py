@@ -21,23 +21,21 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
-import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 from mlflow_hvd import scratch
-from mlflow_hvd.errors import ConfigurationError, TrackingError
-from mlflow_hvd.messages import RunFacts, TrackingTarget, UndeliveredTracking
+from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
 from mlflow_hvd.rank import context
 from mlflow_hvd.tracking import requirements
 from mlflow_hvd.tracking.delivery import Delivery, is_outage
 from mlflow_hvd.tracking.sender import Sender
+from mlflow_hvd.tracking.server import check_server_reachable, run_facts
 
-SERVER_CONNECT_TIMEOUT = 10.0  # seconds rank 0 gives the tracking server to accept
 # MLflow's HTTP client retries for minutes by default; rank 0 retries by itself (with no
 # limit on time while training) so each call is kept short. Set them to override.
 HTTP_DEFAULTS = {
@@ -45,18 +43,6 @@ HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
 }
-
-
-def run_facts(run: Any) -> RunFacts:
-    """What rank 0 would otherwise ask the server before training (see :class:`RunFacts`)."""
-    from mlflow_hvd.tracking.checkpoints import LATEST_TAG
-
-    tags = run.data.tags
-    return RunFacts(
-        params=dict(run.data.params),
-        source_tags={k: v for k, v in tags.items() if k.startswith("mlflow.source.")},
-        has_checkpoint=bool(tags.get(LATEST_TAG)),
-    )
 
 
 class _RankLogger:
@@ -67,6 +53,8 @@ class _RankLogger:
         # metric/param/tag batches go through the driver (no MLflow client on rank 0 for
         # them); the client is created only for artifacts, models and restarts
         self.sender = Sender(target, context.connector())
+        if not self.sender.relayed:  # no driver to write: import MLflow here (see Sender)
+            _ = self.sender.client
         # Params already in the run (e.g. logged by `mlflow run`): same value is a no-op,
         # a different one is refused here rather than failing later in the background.
         # During an outage they are unknown; the store then refuses a conflict itself.
@@ -152,24 +140,6 @@ def configure(target: TrackingTarget | None, rank: int, local_rank: int, host: s
         _target, _rank, _logger, _host, _closing = target, rank, None, host, None
         if target is not None and target.system_metrics and local_rank == 0:
             _monitor = _start_system_metrics(target, host)
-
-
-def check_server_reachable(uri: str, who: str, timeout: float = SERVER_CONNECT_TIMEOUT) -> None:
-    """Fail fast when an HTTP tracking server cannot be reached from this host (MLflow's
-    own client would retry with backoff for minutes). ``who``: "the driver", "rank 0 on
-    host X"."""
-    parsed = urllib.parse.urlsplit(uri)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        return
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        socket.create_connection((parsed.hostname, port), timeout=timeout).close()
-    except OSError as exc:
-        raise TrackingError(
-            f"{who} cannot reach the MLflow tracking server {uri} within "
-            f"{timeout:g}s: {exc}. Executors must reach MLFLOW_TRACKING_URI: use an address "
-            "of the server that every node can connect to (not localhost), and open its port"
-        ) from exc
 
 
 def shutdown(timeout: float | None = None) -> tuple[UndeliveredTracking | None, str]:

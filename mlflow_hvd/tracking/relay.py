@@ -28,7 +28,7 @@ from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.messages import TrackingTarget, TrackingWrite, TrackingWritten
 from mlflow_hvd.tracking import records as rec
 from mlflow_hvd.tracking.delivery import is_outage
-from mlflow_hvd.tracking.rank_logger import check_server_reachable
+from mlflow_hvd.tracking.server import check_server_reachable
 
 WRITE_TIMEOUT = 20.0  # seconds one MLflow call may take before rank 0 hears "outage"
 PROBE_TIMEOUT = 5.0  # seconds to connect to an HTTP tracking server

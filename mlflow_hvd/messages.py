@@ -55,6 +55,9 @@ class TrackingTarget:
     # What the driver read of the run just before this attempt, so that rank 0 need not ask
     # the server before training (None: unknown, rank 0 asks)
     facts: RunFacts | None = None
+    # The run's artifact directory when it is a path on the driver's disk (a local store),
+    # which the driver creates so rank 0 can tell whether its host sees it; "" otherwise
+    local_artifacts: str = ""
 
 
 @dataclass(frozen=True)

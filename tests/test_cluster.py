@@ -255,6 +255,26 @@ def test_executors_that_cannot_reach_the_tracking_server_fail_before_training(
     assert run.info.status == "FAILED"
 
 
+def test_a_store_on_the_drivers_disk_gets_metrics_and_refuses_files_clearly(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A SQLite store in the driver's /tmp, which the nodes do not see: metrics reach it
+    through the driver; a file would land on the node's own disk, so it is refused."""
+    uri = f"sqlite:///{tmp_path}/local.db"
+    out = drive(cluster, "result = HorovodRunner(np=2).run(workers.metric_then_file)",
+                tmp_path, MLFLOW_TRACKING_URI=uri)
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs(["0"])
+    folder = run.info.artifact_uri
+    assert out["error"] == "WorkerFailedError", out
+    assert out["message"].startswith("Rank 0 on host node-")
+    assert (f"cannot see the run's artifact directory {folder}, which is on the driver's disk: "
+            "artifacts (checkpoints, the model) would be written to this host's own disk and "
+            "lost") in out["message"]
+    assert run.data.metrics == {"before_file": 1.0}
+    assert run.info.status == "FAILED"
+
+
 def test_a_rank_killed_on_node_b_and_the_run_resumed(cluster: Cluster, client: Any,
                                                      tmp_path: Path) -> None:
     run = client.create_run(client.get_experiment_by_name("Default").experiment_id)

@@ -166,6 +166,16 @@ def artifact_after_metrics() -> tuple[bool, bool]:
     return before, after
 
 
+def metric_then_file() -> None:
+    """Rank 0 logs a metric (stored before going on), then a file."""
+    from mlflow_hvd import tracking
+
+    tracking.log_metrics({"before_file": 1.0}, step=0)
+    tracking.flush()
+    tracking.log_dict({"x": 1}, "f/x.json")
+    tracking.flush()
+
+
 def sleep_forever() -> None:
     print("worker sleeping", flush=True)
     import mlflow_hvd

@@ -21,7 +21,11 @@ from mlflow_hvd.deadline import call_within
 from mlflow_hvd.errors import RetriesExhaustedError, Terminated, WorkerFailedError
 from mlflow_hvd.messages import TrackingTarget
 from mlflow_hvd.tracking import undelivered
-from mlflow_hvd.tracking.server import check_server_reachable, run_facts
+from mlflow_hvd.tracking.server import (
+    check_server_reachable,
+    make_local_artifact_dir,
+    run_facts,
+)
 
 TAG_PREFIX = "mlflow_hvd."
 
@@ -140,6 +144,7 @@ def driver_run(
         system_metrics=system_metrics,
         drain_timeout=bookkeeping_timeout,
         facts=facts,
+        local_artifacts=make_local_artifact_dir(run.info.artifact_uri),
     )
     ending = _Ending(client, target, owned, bookkeeping_timeout,
                      undelivered_dir or undelivered.default_root())

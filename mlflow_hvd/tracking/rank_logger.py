@@ -34,7 +34,7 @@ from mlflow_hvd.rank import context
 from mlflow_hvd.tracking import requirements
 from mlflow_hvd.tracking.delivery import Delivery, is_outage
 from mlflow_hvd.tracking.sender import Sender
-from mlflow_hvd.tracking.server import check_server_reachable, run_facts
+from mlflow_hvd.tracking.server import check_local_artifacts, check_server_reachable, run_facts
 
 # MLflow's HTTP client retries for minutes by default; rank 0 retries by itself (with no
 # limit on time while training) so each call is kept short. Set them to override.
@@ -61,6 +61,7 @@ class _RankLogger:
         self._params: dict[str, str] = {}
         self.source_tags: dict[str, str] = {}  # the driver's program, for log_model
         self.last_step = 0  # the latest step logged: a model is linked to its metrics
+        self._artifacts_checked = False
         facts = target.facts
         if facts is None:  # a restarted attempt: ask the server what the run has now
             try:
@@ -87,8 +88,16 @@ class _RankLogger:
         MLflow is imported here, on the caller's thread, before the delivery thread needs
         it: MLflow's package imports itself in cycles that break when two threads import
         it at once (the training code may be importing ``mlflow.models`` right then)."""
+        self.check_artifacts()
         _ = self.sender.client
         self.delivery.put(["artifact", path, artifact_dir])
+
+    def check_artifacts(self) -> None:
+        """Raise :class:`TrackingError` if the run's artifacts are on the driver's disk and
+        this host does not see it (checked once)."""
+        if not self._artifacts_checked:
+            check_local_artifacts(self.target.local_artifacts, f"rank 0 on host {_host}")
+            self._artifacts_checked = True
 
     def check_param(self, key: str, value: str, keep_existing: bool = False) -> bool:
         """True if the param must be sent; False if already logged (with this value, or with
@@ -325,6 +334,7 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     import mlflow
     import mlflow.tensorflow
 
+    logger.check_artifacts()
     logger.flush()  # the model is linked to the run's metrics as of now
     mlflow.set_tracking_uri(logger.target.tracking_uri)
     kwargs.setdefault("step", logger.last_step)

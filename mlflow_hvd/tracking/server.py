@@ -1,8 +1,10 @@
-"""What the driver and rank 0 both ask of the tracking server: can it be reached from
-here, and what the run holds that a rank needs to know before training."""
+"""What the driver and rank 0 both ask of the tracking store: can it be reached from here,
+what the run holds that a rank needs to know before training, and whether this host sees
+the run's artifact directory when that is a path on the driver's disk."""
 
 from __future__ import annotations
 
+import os
 import socket
 import urllib.parse
 from typing import Any
@@ -41,3 +43,36 @@ def check_server_reachable(uri: str, who: str, timeout: float = SERVER_CONNECT_T
             f"{timeout:g}s: {exc}. Executors must reach MLFLOW_TRACKING_URI: use an address "
             "of the server that every node can connect to (not localhost), and open its port"
         ) from exc
+
+
+def make_local_artifact_dir(artifact_uri: str) -> str:
+    """Driver: create the run's artifact directory if it is an absolute local path (a
+    ``sqlite:`` or ``file:`` store's default) and return it; "" for any other location."""
+    parsed = urllib.parse.urlsplit(artifact_uri)
+    if parsed.scheme not in ("", "file") or parsed.netloc not in ("", "localhost"):
+        return ""
+    path = urllib.parse.unquote(parsed.path)
+    if not os.path.isabs(path):
+        return ""
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def check_local_artifacts(path: str, who: str) -> None:
+    """Rank 0: refuse to write artifacts to a local path this host does not see.
+
+    MLflow would create the directory on this host's own disk and write there: the files
+    would be lost to the run without a word.
+
+    Raises:
+        TrackingError: ``path`` (the run's artifact directory on the driver's disk) is not
+            a directory on this host.
+    """
+    if path and not os.path.isdir(path):
+        raise TrackingError(
+            f"{who} cannot see the run's artifact directory {path}, which is on the driver's "
+            "disk: artifacts (checkpoints, the model) would be written to this host's own disk "
+            "and lost. Track to an MLflow server with proxied artifacts (mlflow server "
+            "--serve-artifacts; MLFLOW_TRACKING_URI=http://...), or keep the store on a disk "
+            "every node mounts at the same path"
+        )

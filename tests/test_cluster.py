@@ -122,7 +122,8 @@ def test_executors_that_cannot_reach_the_driver_fail_within_the_start_deadline(
         from pyspark.sql import SparkSession
         spark = (SparkSession.builder.config("spark.driver.host", "198.51.100.250")
                  .getOrCreate())
-        result = HorovodRunner(np=2, track=False, start_timeout=30).run(workers.collectives)
+        result = HorovodRunner(np=2, track=False, start_timeout=10,
+                               slot_timeout=10).run(workers.collectives)
     """, tmp_path, timeout=400)
     elapsed = time.monotonic() - t0
     assert out.get("error") in {"StartTimeoutError", "InsufficientSlotsError", "BackendError"}, out

@@ -42,7 +42,7 @@ def run_job(
     Starts the channel and rendezvous servers and the backend, supervises the job, and
     always stops all three before returning or raising. Tracking records rank 0 could not
     deliver are passed to ``on_undelivered`` as they arrive; ``on_tracking_write`` answers
-    rank 0's writes (:mod:`mlflow_hvd.tracking.relay`; None: rank 0 writes them itself).
+    rank 0's writes (:mod:`mlflow_hvd.tracking.relay`; None for a job that does not track).
 
     Raises:
         WorkerFailedError: A rank raised, exited non-zero or was killed.
@@ -129,8 +129,8 @@ def request_router(
     on_other: Callable[[object], object] | None = None,
 ) -> Callable[[object], object]:
     """Who answers each request: rank 0's tracking writes go to ``on_tracking_write``,
-    others to ``on_other``; ``Retire`` when nobody handles it (a rank that asked to
-    relay its records then writes them itself)."""
+    others to ``on_other``; ``Retire`` when nobody handles it (rank 0 then reports its
+    records refused)."""
 
     def on_request(request: object) -> object:
         if isinstance(request, TrackingWrite):

@@ -64,7 +64,9 @@ def run_worker(launch: WorkerLaunch, sink: Sink, stop: threading.Event) -> Worke
     finally:
         finished.set()
         code = terminate_group(proc, launch.stop_grace)
-        watcher.join(timeout=launch.stop_grace + 5)
+        if stop.is_set():  # the watcher may be stopping the worker: let it finish
+            watcher.join(timeout=launch.stop_grace + 5)
+        # else it leaves at its next poll, without acting: no need to wait up to 50 ms
         *pumps, sender = relays
         for p in pumps:
             p.join(timeout=10)

@@ -10,22 +10,34 @@ the replacement import.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 
 from mlflow_hvd.errors import IncompatibleImportError
 
 REFUSED = ("horovod.tensorflow.keras", "horovod.keras")
 
 
-def keras_major() -> int:
-    """Installed Keras' major version, from package metadata (Keras is not imported)."""
+@functools.cache
+def keras_version() -> str | None:
+    """Installed Keras' version, from package metadata (Keras is not imported); None if
+    Keras is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        return int(version("keras").split(".")[0])
-    except (PackageNotFoundError, ValueError):
+        return version("keras")
+    except PackageNotFoundError:
+        return None
+
+
+def keras_major() -> int:
+    """Installed Keras' major version; 0 if Keras is missing or its version unreadable."""
+    try:
+        return int((keras_version() or "0").split(".")[0])
+    except ValueError:
         return 0
 
 
@@ -39,25 +51,34 @@ def message(name: str, keras_version: str) -> str:
     )
 
 
-class _Refuse(importlib.abc.MetaPathFinder):
-    def __init__(self, keras_version: str) -> None:
-        self.keras_version = keras_version
+def _refused(module: str) -> str | None:
+    """The refused layer ``module`` belongs to, if any."""
+    return next((n for n in REFUSED if module == n or module.startswith(n + ".")), None)
 
+
+class _Refuse(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
-        for name in REFUSED:
-            if fullname == name or fullname.startswith(name + "."):
-                raise IncompatibleImportError(message(name, self.keras_version))
+        name = _refused(fullname)
+        if name is not None and keras_major() >= 3:
+            raise IncompatibleImportError(message(name, keras_version() or "?"))
         return None
 
 
 def install() -> bool:
-    """Refuse the old Keras layers in this process if Keras 3 is installed; True if so."""
-    if keras_major() < 3 or any(isinstance(f, _Refuse) for f in sys.meta_path):
+    """Refuse the old Keras layers in this process if Keras 3 is installed; False if the
+    guard was already installed.
+
+    Costs nothing until one of them is imported: only then is the installed Keras version
+    read. Reading package metadata took 0.2-0.3 s in a Spark task, whose ``sys.path`` holds
+    zip archives, on every rank's way to ``main``.
+    """
+    if any(isinstance(f, _Refuse) for f in sys.meta_path):
         return False
-    for name in REFUSED:  # imported before us: the guard must still apply
-        for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-            del sys.modules[loaded]
-    sys.meta_path.insert(0, _Refuse(version("keras")))
+    loaded = [m for m in sys.modules if _refused(m)]
+    if loaded and keras_major() >= 3:  # imported before us: the guard must still apply
+        for module in loaded:
+            del sys.modules[module]
+    sys.meta_path.insert(0, _Refuse())
     return True

@@ -31,7 +31,6 @@ from mlflow_hvd import scratch
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
 from mlflow_hvd.rank import context
-from mlflow_hvd.tracking import requirements
 from mlflow_hvd.tracking.delivery import Delivery, is_outage
 from mlflow_hvd.tracking.sender import Sender
 from mlflow_hvd.tracking.server import check_local_artifacts, check_server_reachable, run_facts
@@ -339,6 +338,8 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     mlflow.set_tracking_uri(logger.target.tracking_uri)
     kwargs.setdefault("step", logger.last_step)
     kwargs["tags"] = {**logger.source_tags, **(kwargs.get("tags") or {})}
+    from mlflow_hvd.tracking import requirements  # reads package metadata: only here
+
     kwargs = requirements.with_known_requirements(kwargs)  # no inference subprocess
     return mlflow.tensorflow.log_model(model, name=name, run_id=logger.target.run_id, **kwargs)
 

@@ -32,6 +32,7 @@ from services import (
     start_mlflow_server,
     start_spark_master,
     stop_group,
+    wait_for_mlflow_server,
     wait_until,
 )
 
@@ -264,7 +265,8 @@ def two_node_cluster() -> Iterator[Cluster]:
         hosts = STATE / "hosts"
         hosts.write_text("127.0.0.1 localhost\n" + f"{driver_ip} driver\n"
                          + "".join(f"{ip} {node}\n" for node, ip in node_ips.items()))
-        server, mlflow_url = start_mlflow_server(driver_ip, STATE / "mlflow")
+        # the server (Python) starts while the JVMs do: about 10 s of fixture set-up less
+        server, mlflow_url = start_mlflow_server(driver_ip, STATE / "mlflow", wait=False)
         procs.append(server)
         master, master_url, master_ui = start_spark_master(driver_ip, STATE)
         procs.append(master)
@@ -274,6 +276,7 @@ def two_node_cluster() -> Iterator[Cluster]:
             procs.append(workers[node])
         wait_until(lambda: len(alive_workers(master_ui)) == len(NODES), 90,
                    "both Spark workers registered with the master")
+        wait_for_mlflow_server(server, mlflow_url)
         conf = STATE / "conf"
         conf.mkdir(exist_ok=True)
         (conf / "spark-defaults.conf").write_text(

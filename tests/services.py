@@ -76,12 +76,14 @@ def start(cmd: Sequence[str], log: Path,
                                 start_new_session=True)
 
 
-def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int | None = None
-                        ) -> tuple[subprocess.Popen[bytes], str]:
+def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int | None = None,
+                        wait: bool = True) -> tuple[subprocess.Popen[bytes], str]:
     """``mlflow server`` with a SQLite backend and proxied artifacts (``mlflow-artifacts:/``
     locations: clients upload and download through the server, no shared disk).
 
-    ``port``: reuse a port (a server restarted on the same store), default a free one."""
+    ``port``: reuse a port (a server restarted on the same store), default a free one.
+    ``wait=False`` returns at once (start other services meanwhile), then call
+    :func:`wait_for_mlflow_server`."""
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
     proc = start(
@@ -93,12 +95,19 @@ def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int 
         root / "server.log",
     )
     url = f"http://{host}:{port}"
+    if wait:
+        wait_for_mlflow_server(proc, url, timeout)
+    return proc, url
+
+
+def wait_for_mlflow_server(proc: subprocess.Popen[bytes], url: str, timeout: float = 90.0
+                           ) -> None:
+    """Until the server at ``url`` answers; on failure or timeout it is stopped."""
     try:
         wait_until(lambda: http_ok(f"{url}/health"), timeout, f"mlflow server at {url}", proc)
     except BaseException:
         stop_group(proc)
         raise
-    return proc, url
 
 
 class MlflowServer:

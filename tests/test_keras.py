@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
+from typing import Any
 
 import digits_keras
 import mlflow
@@ -13,6 +14,7 @@ import workers
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError
 from mlflow_hvd.tracking import requirements
+from mlflow_hvd.tracking.signature import declared_signature
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +58,10 @@ def test_fit_logs_one_series_per_metric_checkpoints_and_a_loadable_model(store: 
     assert not logged.tags["mlflow.source.name"].endswith("worker.py")
     x_train, y_train, x_test, y_test = digits_keras.load_data()
     pyfunc = mlflow.pyfunc.load_model(f"models:/{model_out.model_id}")
-    (inputs,) = pyfunc.metadata.get_input_schema().inputs  # the example's signature
+    (inputs,) = pyfunc.metadata.get_input_schema().inputs  # what the model declares
     assert inputs.shape == (-1, 8, 8, 1)
+    (outputs,) = pyfunc.metadata.get_output_schema().inputs
+    assert outputs.shape == (-1, 10)
     accuracy = float((np.asarray(pyfunc.predict(x_test)).argmax(1) == y_test).mean())
     assert accuracy == pytest.approx(result["test_accuracy"], abs=1e-6)
     assert accuracy > 0.5  # ten classes: chance is 0.1
@@ -90,6 +94,32 @@ def test_known_requirements_keep_the_users_choice() -> None:
     assert requirements.installed(("not-a-package-xyz", "numpy")) == [
         f"numpy=={importlib.metadata.version('numpy')}"
     ]
+
+
+def test_a_logged_models_signature_is_what_the_model_declares() -> None:
+    """Read from the model, not from a prediction (which traces Keras' predict function)."""
+    import keras
+
+    def specs(schema: Any) -> list[tuple[str | None, str, tuple[int, ...]]]:
+        return [(t.name, str(t.type), t.shape) for t in schema.inputs]
+
+    seq = declared_signature(digits_keras.build_model())
+    assert specs(seq.inputs) == [(None, "float32", (-1, 8, 8, 1))]
+    assert specs(seq.outputs) == [(None, "float32", (-1, 10))]
+    x = keras.Input((3,), name="x")
+    a, b = keras.layers.Dense(2)(x), keras.layers.Dense(1, dtype="float64")(x)
+    two_out = declared_signature(keras.Model(x, [a, b]))
+    assert specs(two_out.inputs) == [(None, "float32", (-1, 3))]
+    assert specs(two_out.outputs) == [(a.name, "float32", (-1, 2)), (b.name, "float64", (-1, 1))]
+    y = keras.Input((2,), name="y")
+    two_in = keras.Model([x, y], keras.layers.Concatenate()([x, y]))
+    assert declared_signature(two_in) is None  # the caller would have to match input names
+
+    class Subclassed(keras.Model):
+        def call(self, inputs: Any) -> Any:
+            return inputs
+
+    assert declared_signature(Subclassed()) is None  # declares nothing
 
 
 def test_resume_after_a_failure_continues_from_the_last_checkpoint(store: str) -> None:

@@ -322,7 +322,9 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     is linked to the run's metrics at the latest step logged (``step=`` overrides) and
     names the driver's program as its source (not the worker). Its pip requirements are
     the installed versions of TensorFlow, Keras, NumPy and cloudpickle (pass
-    ``pip_requirements``, ``extra_pip_requirements`` or ``conda_env`` to choose).
+    ``pip_requirements``, ``extra_pip_requirements`` or ``conda_env`` to choose). Its
+    signature is the model's declared tensors unless ``signature`` or ``input_example`` is
+    passed (:mod:`mlflow_hvd.tracking.signature`; no prediction is run).
 
     Returns:
         ``mlflow.models.model.ModelInfo`` on rank 0, None elsewhere.
@@ -339,8 +341,11 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     kwargs.setdefault("step", logger.last_step)
     kwargs["tags"] = {**logger.source_tags, **(kwargs.get("tags") or {})}
     from mlflow_hvd.tracking import requirements  # reads package metadata: only here
+    from mlflow_hvd.tracking.signature import declared_signature
 
     kwargs = requirements.with_known_requirements(kwargs)  # no inference subprocess
+    if "signature" not in kwargs and "input_example" not in kwargs:  # no prediction either
+        kwargs["signature"] = declared_signature(model)
     return mlflow.tensorflow.log_model(model, name=name, run_id=logger.target.run_id, **kwargs)
 
 

@@ -13,6 +13,7 @@ demo: setup
 
 lint: setup
 	$(VENV)/bin/ruff check mlflow_hvd tests examples benchmarks
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff format --check mlflow_hvd tests examples benchmarks
 
 typecheck: setup
@@ -20,6 +21,7 @@ typecheck: setup
 
 test: setup
 	$(VENV)/bin/ruff check mlflow_hvd tests examples benchmarks
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 

@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -15,18 +16,18 @@ import cloudpickle
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.backends.local import LocalBackend
 from mlflow_hvd.backends.spark.master import standalone_addresses
+from mlflow_hvd.common.options import check_np, check_positive_int, check_seconds
 from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
 from mlflow_hvd.driver.payload import dumps_code, dumps_payload
 from mlflow_hvd.driver.signals import sigterm_interrupts
+from mlflow_hvd.driver.tracking import attempts
 from mlflow_hvd.errors import (
     BackendError,
     ConfigurationError,
     RetriesExhaustedError,
     WorkerFailedError,
 )
-from mlflow_hvd.messages import Code, TrackingTarget, UndeliveredTracking
-from mlflow_hvd.options import check_np, check_positive_int, check_seconds
-from mlflow_hvd.tracking import attempts
+from mlflow_hvd.protocol.messages import Code, TrackingTarget, UndeliveredTracking
 
 if TYPE_CHECKING:
     from mlflow_hvd.driver.pool import RankPool
@@ -186,7 +187,7 @@ class HorovodRunner:
         with sigterm_interrupts():
             if not self._track:
                 return self._attempts(main, code, None)
-            from mlflow_hvd.tracking.driver_run import driver_run
+            from mlflow_hvd.driver.tracking.run import driver_run
 
             with driver_run(
                 self.num_processor,
@@ -243,7 +244,7 @@ class HorovodRunner:
         )
         writes = None  # rank 0's metrics, params and tags: the driver writes them
         if target is not None:
-            from mlflow_hvd.tracking.relay import Relay
+            from mlflow_hvd.driver.tracking.relay import Relay
 
             writes = Relay(target).answer
         if self._pool is not None:
@@ -291,7 +292,8 @@ class HorovodRunner:
 
     def _save_undelivered(self, message: UndeliveredTracking) -> None:
         """Keep what rank 0 could not deliver, and say how much and where."""
-        from mlflow_hvd.tracking import records, undelivered
+        from mlflow_hvd.driver.tracking import undelivered
+        from mlflow_hvd.protocol import records
 
         path = undelivered.save_message(self._undelivered_root(), message)
         what = records.describe(records.count([list(r) for r in message.records]))
@@ -302,7 +304,7 @@ class HorovodRunner:
         )
 
     def _undelivered_root(self) -> str:
-        from mlflow_hvd.tracking import undelivered
+        from mlflow_hvd.driver.tracking import undelivered
 
         return self._undelivered_dir or undelivered.default_root()
 
@@ -360,8 +362,15 @@ class HorovodRunner:
         self.prepare()
         booting = self._booting
         if booting is not None:
+            wait = self._settings.start_timeout
             try:
-                return booting.result()
+                return booting.result(timeout=wait)
+            except FutureTimeout:
+                raise BackendError(
+                    f"the SparkSession on {self._booting_master} did not start within {wait:g}s "
+                    "(start_timeout): Spark's JVM is hung or very slow to start; check "
+                    "JAVA_HOME and Spark's driver log, or raise start_timeout"
+                ) from None
             finally:
                 self._booting = None  # after a failure the next run tries again
         return get_or_create_session(self.num_processor, self._spark_master, self._slot_timeout)

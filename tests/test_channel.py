@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from mlflow_hvd.channel import (
+from mlflow_hvd.driver.channel_server import ChannelServer
+from mlflow_hvd.errors import AuthenticationError, ChannelError
+from mlflow_hvd.protocol.channel import (
     MAGIC,
     ChannelClient,
-    ChannelServer,
     encode_frame,
     handshake_reply,
     sign,
 )
-from mlflow_hvd.errors import AuthenticationError, ChannelError
-from mlflow_hvd.messages import OutputLines, RankDisconnected, Stream, WorkerStarted
+from mlflow_hvd.protocol.messages import OutputLines, RankDisconnected, Stream, WorkerStarted
 
 SECRET = b"s" * 32
 
@@ -193,9 +193,9 @@ def test_stop_closes_idle_connections() -> None:
 def test_a_frame_that_stalls_midway_is_dropped(
     server: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mlflow_hvd.channel as channel
+    import mlflow_hvd.driver.channel_server as channel_server
 
-    monkeypatch.setattr(channel, "FRAME_TIMEOUT", 0.5)
+    monkeypatch.setattr(channel_server, "FRAME_TIMEOUT", 0.5)
     s, s_challenge = _raw(server)
     with s:
         s.sendall(handshake_reply(SECRET, s_challenge))

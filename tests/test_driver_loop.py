@@ -10,11 +10,11 @@ from collections.abc import Callable
 import cloudpickle
 import pytest
 
-from mlflow_hvd.backends.base import JobSpec
+from mlflow_hvd.common.layout import assign_slots
 from mlflow_hvd.driver import DriverSettings, Verbosity, run_job
 from mlflow_hvd.errors import BackendError, RunTimeoutError, StartTimeoutError, WorkerFailedError
-from mlflow_hvd.layout import assign_slots
-from mlflow_hvd.messages import (
+from mlflow_hvd.protocol.job import JobSpec
+from mlflow_hvd.protocol.messages import (
     BackendFinished,
     LayoutReport,
     OutputLines,

@@ -115,7 +115,7 @@ def test_two_drivers_create_the_same_new_sqlite_store_at_once(tmp_path: Path) ->
     script = tmp_path / "open_store.py"
     script.write_text(
         "import os, sys, time, mlflow\n"
-        "from mlflow_hvd.tracking.driver_run import driver_run\n"
+        "from mlflow_hvd.driver.tracking.run import driver_run\n"
         f"mlflow.set_tracking_uri({uri!r})\n"
         "open(sys.argv[1], 'w').close()\n"
         "deadline = time.monotonic() + 60\n"

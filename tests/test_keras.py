@@ -13,8 +13,8 @@ import pytest
 import workers
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError
-from mlflow_hvd.tracking import requirements
-from mlflow_hvd.tracking.signature import declared_signature
+from mlflow_hvd.rank.tracking import requirements
+from mlflow_hvd.rank.tracking.signature import declared_signature
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,14 @@ import sys
 import pytest
 from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
-from mlflow_hvd.layout import assign_slots, rank_env, to_slot_infos, worker_command, worker_env
-from mlflow_hvd.messages import RankSlot
+from mlflow_hvd.common.layout import (
+    assign_slots,
+    rank_env,
+    to_slot_infos,
+    worker_command,
+    worker_env,
+)
+from mlflow_hvd.protocol.messages import RankSlot
 
 
 def test_two_tasks_on_one_host_are_local_ranks_of_one_node() -> None:

@@ -15,7 +15,7 @@ from services import wait_until
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.messages import WorkerExited
+from mlflow_hvd.protocol.messages import WorkerExited
 
 
 def test_local_pool_reuses_its_ranks_with_fresh_horovod_keras_and_run(store: str) -> None:

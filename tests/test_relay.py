@@ -1,5 +1,5 @@
-"""Rank 0's metric, param and tag writes made by the driver (:mod:`mlflow_hvd.tracking.relay`
-on the driver, :mod:`mlflow_hvd.tracking.sender` on rank 0), against real stores."""
+"""Rank 0's metric, param and tag writes made by the driver (:mod:`mlflow_hvd.driver.tracking.relay`
+on the driver, :mod:`mlflow_hvd.rank.tracking.sender` on rank 0), against real stores."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import pytest
 import workers
 
 from mlflow_hvd import HorovodRunner
-from mlflow_hvd.channel import ChannelClient, ChannelServer
+from mlflow_hvd.driver.channel_server import ChannelServer
+from mlflow_hvd.driver.tracking.relay import Relay
 from mlflow_hvd.errors import TrackingError
-from mlflow_hvd.messages import TrackingTarget, TrackingWrite, TrackingWritten
-from mlflow_hvd.tracking.relay import Relay
-from mlflow_hvd.tracking.sender import Sender
+from mlflow_hvd.protocol.channel import ChannelClient
+from mlflow_hvd.protocol.messages import TrackingTarget, TrackingWrite, TrackingWritten
+from mlflow_hvd.rank.tracking.sender import Sender
 
 SECRET = b"r" * 32
 
@@ -144,7 +145,7 @@ def test_rank_0_sends_batches_through_the_driver_and_artifacts_itself(
 def test_the_drivers_refusal_and_outage_reach_rank_0_as_errors_the_delivery_classifies(
     relaying_driver: tuple[ChannelServer, TrackingTarget], store: str
 ) -> None:
-    from mlflow_hvd.tracking.delivery import is_outage
+    from mlflow_hvd.common.tracking_server import is_outage
 
     server, target = relaying_driver
     mlflow.MlflowClient().delete_run(target.run_id)
@@ -161,7 +162,7 @@ def test_the_drivers_refusal_and_outage_reach_rank_0_as_errors_the_delivery_clas
 
 
 def test_a_driver_that_does_not_take_records_is_a_refusal_naming_the_run(store: str) -> None:
-    from mlflow_hvd.tracking.delivery import is_outage
+    from mlflow_hvd.common.tracking_server import is_outage
 
     server = ChannelServer(SECRET, lambda message: None, "127.0.0.1")  # answers Retire
     server.start()

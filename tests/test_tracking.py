@@ -17,8 +17,8 @@ import workers
 from services import wait_until
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
+from mlflow_hvd.driver.tracking.run import absolute_tracking_uri, driver_run
 from mlflow_hvd.errors import TrackingError
-from mlflow_hvd.tracking.driver_run import absolute_tracking_uri, driver_run
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_workers_get_the_runs_params_source_and_checkpoint_state_from_the_driver
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What rank 0 would otherwise ask the server before training: read by the driver."""
-    from mlflow_hvd.tracking.checkpoints import LATEST_TAG
+    from mlflow_hvd.protocol.checkpoint_layout import LATEST_TAG
 
     with driver_run(1, {"backend": "local"}) as target:
         assert target.facts is not None and not target.facts.has_checkpoint
@@ -184,8 +184,8 @@ class _SlowValue:
 
 
 def test_flush_that_cannot_drain_names_the_store_and_the_wait(store: str, tmp_path: Path) -> None:
-    from mlflow_hvd.messages import TrackingTarget
-    from mlflow_hvd.tracking.delivery import Delivery
+    from mlflow_hvd.protocol.messages import TrackingTarget
+    from mlflow_hvd.rank.tracking.delivery import Delivery
 
     client = mlflow.MlflowClient()
     run = client.create_run("0")
@@ -207,8 +207,8 @@ def test_flush_that_cannot_drain_names_the_store_and_the_wait(store: str, tmp_pa
 
 
 def test_a_failed_background_send_is_raised_by_the_next_flush(store: str, tmp_path: Path) -> None:
-    from mlflow_hvd.messages import TrackingTarget
-    from mlflow_hvd.tracking.delivery import Delivery
+    from mlflow_hvd.protocol.messages import TrackingTarget
+    from mlflow_hvd.rank.tracking.delivery import Delivery
 
     client = mlflow.MlflowClient()
     run = client.create_run("0")
@@ -227,7 +227,7 @@ def test_a_failed_background_send_is_raised_by_the_next_flush(store: str, tmp_pa
 
 def _direct(client: Any, run_id: str) -> Callable[[Sequence[Any]], None]:
     """A delivery's sender that makes the MLflow calls itself (no driver in between)."""
-    from mlflow_hvd.tracking import records
+    from mlflow_hvd.protocol import records
 
     return lambda batch: records.send(client, run_id, batch)
 
@@ -255,8 +255,8 @@ class _ServerDown:
 def test_an_outage_spills_past_the_memory_limit_and_delivers_in_order(
     store: str, tmp_path: Path
 ) -> None:
-    from mlflow_hvd.messages import TrackingTarget
-    from mlflow_hvd.tracking.delivery import Delivery
+    from mlflow_hvd.protocol.messages import TrackingTarget
+    from mlflow_hvd.rank.tracking.delivery import Delivery
 
     real = mlflow.MlflowClient()
     run = real.create_run("0")
@@ -317,8 +317,8 @@ def test_a_run_in_mlflows_default_store_says_where_once(tmp_path: Path) -> None:
 def test_attempt_records_an_unreachable_server_missed_are_saved_for_replay(
     store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from mlflow_hvd.messages import TrackingTarget
-    from mlflow_hvd.tracking import attempts, undelivered
+    from mlflow_hvd.driver.tracking import attempts, undelivered
+    from mlflow_hvd.protocol.messages import TrackingTarget
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     run_id = mlflow.MlflowClient().create_run("0").info.run_id
@@ -341,8 +341,8 @@ def test_attempt_records_an_unreachable_server_missed_are_saved_for_replay(
 def test_attempt_records_a_store_refuses_are_warned_about_not_saved(
     store: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from mlflow_hvd.messages import TrackingTarget
-    from mlflow_hvd.tracking import attempts
+    from mlflow_hvd.driver.tracking import attempts
+    from mlflow_hvd.protocol.messages import TrackingTarget
 
     no_such_run = TrackingTarget(store, "0" * 32, "0")  # the store answers: no such run
     root = tmp_path / "undelivered"

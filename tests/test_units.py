@@ -15,11 +15,17 @@ from typing import Any
 import pytest
 
 import mlflow_hvd
-from mlflow_hvd.channel import MAGIC, ChannelClient, ChannelServer, encode_frame, read_frame
 from mlflow_hvd.cli.common import load_function, whole_number
+from mlflow_hvd.common.options import check_np, check_positive_int, check_seconds
+from mlflow_hvd.driver.channel_server import ChannelServer
 from mlflow_hvd.errors import AuthenticationError, ChannelError, ConfigurationError
-from mlflow_hvd.messages import RankDisconnected, WorkerStarted
-from mlflow_hvd.options import check_np, check_positive_int, check_seconds
+from mlflow_hvd.protocol.channel import (
+    MAGIC,
+    ChannelClient,
+    encode_frame,
+    read_frame,
+)
+from mlflow_hvd.protocol.messages import RankDisconnected, WorkerStarted
 from mlflow_hvd.sweep.space import validate_space
 
 SECRET = b"s" * 32
@@ -161,7 +167,7 @@ def test_no_interface_holding_the_route_source_is_a_configuration_error(
 ) -> None:
     import psutil
 
-    from mlflow_hvd.backends.spark.task import iface_towards
+    from mlflow_hvd.agent.spark_task import iface_towards
 
     assert iface_towards("127.0.0.1") == "lo"
     own = [
@@ -185,8 +191,8 @@ def test_no_interface_holding_the_route_source_is_a_configuration_error(
 
 
 def test_rank_0_refuses_a_tracking_server_it_cannot_reach() -> None:
+    from mlflow_hvd.common.tracking_server import check_server_reachable
     from mlflow_hvd.errors import TrackingError
-    from mlflow_hvd.tracking.server import check_server_reachable
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -213,7 +219,7 @@ def test_rank_0_refuses_a_tracking_server_it_cannot_reach() -> None:
 def test_the_driver_creates_a_local_artifact_directory_only(
     tmp_path: Path, uri: str, local: bool
 ) -> None:
-    from mlflow_hvd.tracking.server import make_local_artifact_dir
+    from mlflow_hvd.common.tracking_server import make_local_artifact_dir
 
     path = str(tmp_path / "mlruns" / "0" / "r" / "artifacts")
     assert make_local_artifact_dir(uri.format(tmp=tmp_path)) == (path if local else "")
@@ -223,8 +229,8 @@ def test_the_driver_creates_a_local_artifact_directory_only(
 def test_rank_0_refuses_files_for_a_local_artifact_directory_it_cannot_see(
     tmp_path: Path,
 ) -> None:
+    from mlflow_hvd.common.tracking_server import check_local_artifacts
     from mlflow_hvd.errors import TrackingError
-    from mlflow_hvd.tracking.server import check_local_artifacts
 
     check_local_artifacts(str(tmp_path), "rank 0 on host node-a")  # seen: fine
     check_local_artifacts("", "rank 0 on host node-a")  # not a local store: nothing to check
@@ -245,7 +251,7 @@ def test_worker_lines_carry_the_log_prefix() -> None:
     import io
 
     from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, Verbosity, handle
-    from mlflow_hvd.messages import OutputLines, Stream
+    from mlflow_hvd.protocol.messages import OutputLines, Stream
 
     out = io.StringIO()
     settings = DriverSettings(verbosity=Verbosity.ALL, log_prefix="[trial 3]")

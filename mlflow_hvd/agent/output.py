@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, cast
 
-from mlflow_hvd.messages import JOB_END_MARK, Message, OutputLines, Sink, Stream
+from mlflow_hvd.protocol.messages import JOB_END_MARK, Message, OutputLines, Sink, Stream
 
 _BATCH = 256
 EOF = object()
@@ -45,8 +45,8 @@ def pump(stream: IO[bytes] | None, kind: Stream, out: queue.Queue[object], limit
     try:
         while (line := read_line(stream, limit)) is not None:
             out.put((kind, JOB_END if line == JOB_END_MARK else line))
-    except (OSError, ValueError):
-        pass
+    except (OSError, ValueError) as exc:  # the pipe was closed under us (the agent stops)
+        sys.stderr.write(f"mlflow_hvd: stopped reading the worker's {kind.value}: {exc}\n")
 
 
 def send_batches(

@@ -6,16 +6,25 @@ driver for local processes (the sink puts on the driver's queue).
 
 from __future__ import annotations
 
+import os
 import queue
+import select
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mlflow_hvd.agent.output import EOF, pump, send_batches
-from mlflow_hvd.messages import Bootstrap, Sink, Stream, WorkerExited
-from mlflow_hvd.procs import terminate_group
+from mlflow_hvd.common.procs import signal_group, terminate_group
+from mlflow_hvd.protocol.messages import Bootstrap, Sink, Stream, WorkerExited
+
+STOP_POLL = 0.05  # seconds between checks of the stop request while the worker runs
+KILL_WAIT = 5.0  # seconds for a SIGKILLed group to be gone
+PUMP_JOIN = 10.0  # seconds for the output pumps to read what the worker left in its pipes
+SENDER_JOIN = 30.0  # seconds for the last output batches to reach the driver
 
 
 @dataclass(frozen=True)
@@ -35,9 +44,10 @@ class WorkerLaunch:
 def run_worker(launch: WorkerLaunch, sink: Sink, stop: threading.Event) -> WorkerExited:
     """Run the worker of ``launch.rank`` to completion and return (and sink) its exit.
 
-    All its output is sunk before the :class:`WorkerExited` message. If ``stop`` is set,
-    the worker's process group gets SIGTERM, then SIGKILL after ``stop_grace`` seconds. On
-    return no process of the worker's group is left.
+    All its output is sunk before the :class:`WorkerExited` message. The wait for the worker
+    ends when it exits, or, once ``stop`` is set, when it has been stopped: SIGTERM to its
+    process group, SIGKILL after ``stop_grace`` seconds (the job's deadlines are the
+    driver's, which sets ``stop``). On return no process of the worker's group is left.
     """
     proc = subprocess.Popen(
         list(launch.command),
@@ -50,32 +60,76 @@ def run_worker(launch: WorkerLaunch, sink: Sink, stop: threading.Event) -> Worke
     )
     lines: queue.Queue[object] = queue.Queue()
     relays = _start_relays(proc, launch, lines, sink)
-    finished, stop_requested = threading.Event(), threading.Event()
-    watcher = threading.Thread(
-        target=_stop_on_request,
-        args=(proc, launch.stop_grace, stop, finished, stop_requested),
-        daemon=True,
-    )
-    watcher.start()
+    stopped = False
     try:
         _write_bootstrap(proc, launch.bootstrap)
-        proc.wait()
-        ended = time.time()
+        ended, stopped = _wait(proc, stop, launch.stop_grace)
     finally:
-        finished.set()
         code = terminate_group(proc, launch.stop_grace)
-        if stop.is_set():  # the watcher may be stopping the worker: let it finish
-            watcher.join(timeout=launch.stop_grace + 5)
-        # else it leaves at its next poll, without acting: no need to wait up to 50 ms
         *pumps, sender = relays
         for p in pumps:
-            p.join(timeout=10)
+            p.join(timeout=PUMP_JOIN)
         lines.put(EOF)
-        sender.join(timeout=30)
-    stopped = stop_requested.is_set() and code < 0  # ended by us, not by itself
-    exited = WorkerExited(launch.rank, launch.host, code, ended, stopped)
+        sender.join(timeout=SENDER_JOIN)
+        for thread in relays:
+            if thread.is_alive():
+                sys.stderr.write(f"mlflow_hvd: {thread.name} of rank {launch.rank} still "
+                                 "running after the worker ended; its last output may be "
+                                 "missing\n")
+    exited = WorkerExited(launch.rank, launch.host, code, ended, stopped and code < 0)
     sink(exited)
     return exited
+
+
+def _wait(proc: subprocess.Popen[bytes], stop: threading.Event, grace: float) -> tuple[float,
+                                                                                        bool]:
+    """Wait until the worker exits; returns (its exit time, whether ``stop`` ended it).
+
+    The exit time is taken the moment the process ends (a pidfd becomes readable), not at
+    the next poll: the driver orders failures by it. Once ``stop`` is set the worker gets
+    SIGTERM and, ``grace`` seconds later, its group SIGKILL, so the wait is bounded by the
+    stop plus ``grace`` and :data:`KILL_WAIT`.
+    """
+    exits = _ExitWatch(proc)
+    try:
+        while not exits.wait(STOP_POLL):
+            if stop.is_set():
+                signal_group(proc, signal.SIGTERM)
+                if not exits.wait(grace):
+                    signal_group(proc, signal.SIGKILL)
+                    exits.wait(KILL_WAIT)
+                return time.time(), True
+        return time.time(), False
+    finally:
+        exits.close()
+
+
+class _ExitWatch:
+    """Waits for a child's exit without reaping it (``Popen`` reaps it), through a pidfd
+    where Linux has one, else by polling."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        try:
+            self._fd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3: poll instead
+            self._fd = None
+
+    def wait(self, seconds: float) -> bool:
+        """True once the process has exited; waits at most ``seconds``."""
+        if self._fd is None:
+            try:
+                self._proc.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        ready, _, _ = select.select([self._fd], [], [], seconds)
+        return bool(ready)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _start_relays(
@@ -104,26 +158,11 @@ def _start_relays(
     return threads
 
 
-def _stop_on_request(
-    proc: subprocess.Popen[bytes],
-    grace: float,
-    stop: threading.Event,
-    finished: threading.Event,
-    stop_requested: threading.Event,
-) -> None:
-    # Kept apart from proc.wait() so that the exit time is taken the moment it happens.
-    while not finished.is_set():
-        if stop.wait(0.05):
-            stop_requested.set()
-            terminate_group(proc, grace)
-            return
-
-
 def _write_bootstrap(proc: subprocess.Popen[bytes], boot: Bootstrap) -> None:
     if proc.stdin is None:
         return
     try:
         proc.stdin.write((boot.to_json() + "\n").encode())
         proc.stdin.close()
-    except BrokenPipeError:
-        pass  # the worker died at once; its exit status tells why
+    except BrokenPipeError:  # the worker died at once; its exit report tells why
+        sys.stderr.write("mlflow_hvd: a worker exited before reading its bootstrap\n")

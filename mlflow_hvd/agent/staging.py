@@ -10,11 +10,11 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from mlflow_hvd import scratch
 from mlflow_hvd.agent.process import WorkerLaunch
-from mlflow_hvd.backends.base import JobSpec
-from mlflow_hvd.layout import rank_env, worker_command, worker_env
-from mlflow_hvd.messages import Bootstrap, RankSlot
+from mlflow_hvd.common import scratch
+from mlflow_hvd.common.layout import rank_env, worker_command, worker_env
+from mlflow_hvd.protocol.job import JobSpec
+from mlflow_hvd.protocol.messages import Bootstrap, RankSlot
 
 PAYLOAD_FILE = "payload.pkl"
 HOST_NAME_VAR = "MLFLOW_HVD_HOST"  # the rank's host as messages name it
@@ -23,7 +23,7 @@ HOST_NAME_VAR = "MLFLOW_HVD_HOST"  # the rank's host as messages name it
 @contextmanager
 def staged_payload(payload: bytes, kind: str = "job") -> Iterator[str]:
     """Write ``payload`` to a private (0600) file in a new scratch directory of this process
-    (:mod:`mlflow_hvd.scratch`: removed on exit, or by the next job if we are killed);
+    (:mod:`mlflow_hvd.common.scratch`: removed on exit, or by the next job if we are killed);
     yields its path."""
     with scratch.owned_dir(kind) as tmp:
         path = os.path.join(tmp, PAYLOAD_FILE)
@@ -65,6 +65,7 @@ def worker_launch(
             parent_pid=os.getpid(),
             channel_timeout=job.channel_timeout,
             pooled=job.pooled,
+            idle_timeout=job.idle_timeout,
         ),
         cwd=cwd,
         max_line_bytes=job.max_line_bytes,

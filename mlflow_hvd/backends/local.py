@@ -8,9 +8,9 @@ import threading
 import time
 
 from mlflow_hvd.agent import WorkerLaunch, run_worker, staged_payload, worker_launch
-from mlflow_hvd.backends.base import JobSpec
-from mlflow_hvd.layout import assign_slots
-from mlflow_hvd.messages import LayoutReport, Sink
+from mlflow_hvd.common.layout import assign_slots
+from mlflow_hvd.protocol.job import JobSpec
+from mlflow_hvd.protocol.messages import LayoutReport, Sink
 
 LOCAL_HOST = "localhost"
 LOOPBACK = "127.0.0.1"

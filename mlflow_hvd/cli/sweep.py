@@ -26,8 +26,8 @@ from mlflow_hvd.cli.common import (
     use_default_store,
     whole_number,
 )
+from mlflow_hvd.common.options import check_np, check_positive_int
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.options import check_np, check_positive_int
 
 DEFAULT_SPACE = {
     "learning_rate": ["loguniform", -8.0, -4.0],

@@ -27,8 +27,8 @@ from mlflow_hvd.cli.common import (
     use_default_store,
     whole_number,
 )
+from mlflow_hvd.common.options import check_np
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.options import check_np
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

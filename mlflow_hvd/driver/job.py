@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend, JobSpec
-from mlflow_hvd.channel import ChannelServer
+from mlflow_hvd.driver.channel_server import ChannelServer
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
-from mlflow_hvd.messages import (
+from mlflow_hvd.protocol.messages import (
     LayoutReport,
     Retire,
     TrackingWrite,
@@ -42,7 +42,7 @@ def run_job(
     Starts the channel and rendezvous servers and the backend, supervises the job, and
     always stops all three before returning or raising. Tracking records rank 0 could not
     deliver are passed to ``on_undelivered`` as they arrive; ``on_tracking_write`` answers
-    rank 0's writes (:mod:`mlflow_hvd.tracking.relay`; None for a job that does not track).
+    rank 0's writes (:mod:`mlflow_hvd.driver.tracking.relay`; None for a job that does not track).
 
     Raises:
         WorkerFailedError: A rank raised, exited non-zero or was killed.

@@ -16,9 +16,9 @@ from typing import Any
 
 import cloudpickle
 
-from mlflow_hvd import code_sources
+from mlflow_hvd.common import code_sources
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.messages import Code, Payload, TrackingTarget
+from mlflow_hvd.protocol.messages import Code, Payload, TrackingTarget
 
 
 def dumps_code(main: Callable[..., Any], kwargs: dict[str, Any]) -> Code:

@@ -5,7 +5,7 @@ importing TensorFlow, Horovod and MLflow, for Spark's stage and for its exit. A 
 one generation of ranks (one set of local processes, or one Spark barrier stage whose
 tasks stay in their worker) with everything imported. After a job each pooled worker shuts
 Horovod down, clears Keras' state and asks the driver for the next job
-(:class:`~mlflow_hvd.messages.AwaitJob`); the driver answers with the next payload, or
+(:class:`~mlflow_hvd.protocol.messages.AwaitJob`); the driver answers with the next payload, or
 ``Retire`` when the pool closes.
 
 A job that fails (a rank raised, died or was stopped, a deadline passed) ends its
@@ -16,6 +16,8 @@ backend (a Spark stage frees its slots), and stops the driver's servers, on ever
 
 from __future__ import annotations
 
+import enum
+import logging
 import queue
 import secrets
 import threading
@@ -24,6 +26,8 @@ from collections.abc import Callable
 from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend, JobSpec
+from mlflow_hvd.common.deadline import Deadline
+from mlflow_hvd.common.layout import to_slot_infos
 from mlflow_hvd.driver.job import (
     TrackingWriter,
     message_router,
@@ -34,8 +38,7 @@ from mlflow_hvd.driver.job import (
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
 from mlflow_hvd.errors import BackendError, WorkerFailedError
-from mlflow_hvd.layout import to_slot_infos
-from mlflow_hvd.messages import (
+from mlflow_hvd.protocol.messages import (
     AwaitJob,
     NextJob,
     RankDisconnected,
@@ -47,10 +50,27 @@ from mlflow_hvd.messages import (
 )
 
 RETIRE_WAIT = 15.0  # seconds retired ranks and the backend get to end before being stopped
+IDLE_POLL = 1.0  # seconds between checks of an idle rank's limit
+
+log = logging.getLogger(__name__)
+
+
+class GenerationState(enum.Enum):
+    """Where a set of warm ranks is. ``SERVING`` while it runs jobs and its ranks wait for
+    the next; ``EXPIRED`` once a rank waited longer than the idle limit (it is retired, and
+    the next run replaces the generation); ``RETIRING`` once the pool closes or discards it
+    (every waiting rank is answered ``Retire``)."""
+
+    SERVING = "serving"
+    EXPIRED = "expired"
+    RETIRING = "retiring"
 
 
 class _Generation:
-    """One set of live ranks: the driver's servers, the backend, and the ranks' requests."""
+    """One set of live ranks: the driver's servers, the backend, and the ranks' requests.
+
+    ``state`` moves only through :meth:`_expire` and :meth:`close`, under ``_cond``.
+    """
 
     def __init__(
         self,
@@ -64,10 +84,11 @@ class _Generation:
         self.events: queue.Queue[object] = queue.Queue()
         self.rendezvous = Rendezvous()
         self._cond = threading.Condition()
-        self._waiting: set[int] = set()
-        self._handed = 0  # jobs handed out after the first
+        self.state = GenerationState.SERVING
+        self._waiting: set[int] = set()  # ranks whose AwaitJob is open
+        self._handed = 0  # jobs handed out after the first: a waiting rank's ticket
         self._payload = b""
-        self._retiring = False
+        self.number = 0  # set by the pool: 1 for its first generation
         self.on_tracking_write: TrackingWriter | None = None  # the current job's
         route = message_router(self.events, self.rendezvous, on_undelivered)
         self.secret = secrets.token_bytes(32)
@@ -91,6 +112,7 @@ class _Generation:
             job_id=job_id,
             description=description,
             channel_timeout=self.settings.channel_timeout,
+            idle_timeout=self.settings.idle_timeout,
             max_line_bytes=self.settings.max_line_bytes,
             stop_grace=self.settings.stop_grace,
             gloo_iface=self.settings.gloo_iface,
@@ -103,17 +125,32 @@ class _Generation:
         return writer(request) if writer is not None else Retire()
 
     def _on_request(self, request: object) -> object:
-        """A rank finished its job: hold it until the next job or the pool's close."""
+        """A rank finished its job: hold it until the next job, the pool's close, or the
+        idle limit (``settings.idle_timeout``), whichever comes first."""
         if not isinstance(request, AwaitJob):
             return Retire()
+        idle = Deadline.after(self.settings.idle_timeout)
         with self._cond:
             self._waiting.add(request.rank)
             self._cond.notify_all()
             handed = self._handed
-            while self._handed == handed and not self._retiring:
-                self._cond.wait()
+            while self._handed == handed and self.state is GenerationState.SERVING:
+                if idle.passed():
+                    self._expire(request.rank, idle)
+                    break
+                self._cond.wait(idle.slice(IDLE_POLL))
             self._waiting.discard(request.rank)
-            return Retire() if self._retiring else NextJob(self._payload)
+            if self._handed != handed:
+                return NextJob(self._payload)
+            return Retire()
+
+    def _expire(self, rank: int, idle: Deadline) -> None:
+        """SERVING -> EXPIRED: a rank waited ``idle.seconds`` for a job; retire them all
+        (the next run starts a new generation). Called under ``_cond``."""
+        self.state = GenerationState.EXPIRED
+        self._cond.notify_all()
+        log.info("generation %d: rank %d idle for %.0fs (idle limit): retiring its ranks",
+                 self.number, rank, idle.seconds)
 
     def hand_out(self, payload: bytes, deadline: float) -> None:
         """Give ``payload`` to every rank once all wait for it.
@@ -124,6 +161,8 @@ class _Generation:
         """
         with self._cond:
             while True:
+                if self.state is not GenerationState.SERVING:
+                    raise BackendError(f"the warm ranks are {self.state.value}")
                 gone = self._gone_between_jobs()  # a dead rank's request may still wait
                 if gone:
                     raise BackendError(f"a pooled rank ended between jobs: {gone}")
@@ -163,10 +202,12 @@ class _Generation:
                 return
 
     def close(self, retire: bool) -> None:
-        """Retire (or stop) every rank, release the backend, stop the servers."""
+        """-> RETIRING: retire (or stop) every rank, release the backend, stop the servers."""
         with self._cond:
-            self._retiring = True
+            self.state = GenerationState.RETIRING
             self._cond.notify_all()
+        log.info("generation %d: %s its ranks", self.number,
+                 "retiring" if retire else "stopping")
         try:
             if not retire or not self.backend.wait(RETIRE_WAIT):
                 self.backend.stop()
@@ -230,7 +271,7 @@ class RankPool:
         """
         settings = settings or self._settings
         job_id = job_id or new_job_id()
-        started = False
+        succeeded = False
         try:
             handed = False
             if self._live is not None:
@@ -238,7 +279,10 @@ class RankPool:
                 try:
                     self._live.hand_out(payload, time.monotonic() + settings.start_timeout)
                     handed = True
-                except BackendError:
+                    log.info("job %s: handed to generation %d", job_id, self._live.number)
+                except BackendError as exc:
+                    log.info("job %s: generation %d cannot take it (%s); starting new ranks",
+                             job_id, self._live.number, exc)
                     self._discard()
             if self._live is None:
                 self._start_generation(payload, job_id, description, settings, on_undelivered,
@@ -249,14 +293,16 @@ class RankPool:
             except WorkerFailedError:
                 if not (handed and died_before_starting(record)):
                     raise
+                log.info("job %s: ranks of generation %d died before starting it; running it "
+                         "on new ranks", job_id, self._live.number if self._live else 0)
                 self._discard()  # the job never ran: run it on new ranks
                 self._start_generation(payload, job_id, description, settings, on_undelivered,
                                        on_tracking_write)
                 value = self._supervise(JobRecord(self.np), settings, out)
-            started = True
+            succeeded = True
             return value
         finally:
-            if not started:
+            if not succeeded:
                 self._discard()
 
     def _start_generation(
@@ -272,6 +318,9 @@ class RankPool:
         self._live = _Generation(self.np, backend, driver_host, settings, on_undelivered)
         self._live.on_tracking_write = on_tracking_write
         self.generations += 1
+        self._live.number = self.generations
+        log.info("generation %d: starting %d ranks for job %s", self.generations, self.np,
+                 job_id)
         backend.start(self._live.first_job(payload, job_id, description), self._live.events.put)
 
     def _supervise(self, record: JobRecord, settings: DriverSettings, out: TextIO) -> bytes:

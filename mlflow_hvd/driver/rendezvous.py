@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from horovod.runner.http.http_server import RendezvousServer
 
-from mlflow_hvd.layout import to_slot_infos
-from mlflow_hvd.messages import LayoutReport, RankSlot
+from mlflow_hvd.common.layout import to_slot_infos
+from mlflow_hvd.protocol.messages import LayoutReport, RankSlot
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from mlflow_hvd.errors import (
     StartTimeoutError,
     WorkerFailedError,
 )
-from mlflow_hvd.messages import (
+from mlflow_hvd.protocol.messages import (
     BackendFinished,
     OutputLines,
     RankDisconnected,
@@ -54,6 +54,9 @@ class DriverSettings:
     run_timeout: float | None = None
     stop_grace: float = 5.0
     channel_timeout: float = 60.0
+    # A warm rank idle this long between jobs is retired (its Spark slot freed); the next
+    # run starts new ranks.
+    idle_timeout: float = 3600.0
     max_line_bytes: int = 16384
     gloo_iface: str | None = None
     log_prefix: str = ""  # before every line shown, e.g. "[trial 3]" in a sweep

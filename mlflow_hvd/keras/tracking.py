@@ -7,10 +7,11 @@ from typing import Any
 import horovod.tensorflow as hvd
 import keras
 
-from mlflow_hvd import scratch, tracking
+from mlflow_hvd.common import scratch
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.rank.context import attempt
-from mlflow_hvd.tracking import checkpoints
+from mlflow_hvd.rank.tracking import api as tracking
+from mlflow_hvd.rank.tracking import checkpoints
 
 
 class MlflowCallback(keras.callbacks.Callback):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from mlflow_hvd.channel import ChannelClient
-from mlflow_hvd.messages import OutputLines, Stream
+from mlflow_hvd.protocol.channel import ChannelClient
+from mlflow_hvd.protocol.messages import OutputLines, Stream
 
 _lock = threading.Lock()
 _client: ChannelClient | None = None

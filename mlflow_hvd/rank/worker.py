@@ -1,8 +1,8 @@
 """Worker entry point: ``python -m mlflow_hvd.rank.worker``.
 
-Reads a :class:`~mlflow_hvd.messages.Bootstrap` line from stdin (the run secret never appears
-on the command line or in the environment), connects to the driver, runs ``main(**kwargs)``
-from the cloudpickled payload and reports the outcome:
+Reads a :class:`~mlflow_hvd.protocol.messages.Bootstrap` line from stdin (the run secret
+never appears on the command line or in the environment), connects to the driver, runs
+``main(**kwargs)`` from the cloudpickled payload and reports the outcome:
 
 * rank 0 sends its return value (:class:`WorkerResult`), every rank exits 0 on success;
 * if ``main`` raises, the rank sends :class:`WorkerError` with its traceback and exits 1.
@@ -17,7 +17,6 @@ Spark task or driver never leaves it behind.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import pickle
@@ -30,10 +29,12 @@ import traceback
 
 import cloudpickle
 
-from mlflow_hvd import code_sources
-from mlflow_hvd.channel import ChannelClient
+from mlflow_hvd.common import code_sources
+from mlflow_hvd.common.procs import set_parent_death_signal
 from mlflow_hvd.errors import ChannelError, TrackingError
-from mlflow_hvd.messages import (
+from mlflow_hvd.protocol import records
+from mlflow_hvd.protocol.channel import ChannelClient
+from mlflow_hvd.protocol.messages import (
     JOB_END_MARK,
     AwaitJob,
     Bootstrap,
@@ -43,10 +44,8 @@ from mlflow_hvd.messages import (
     WorkerResult,
     WorkerStarted,
 )
-from mlflow_hvd.procs import set_parent_death_signal
 from mlflow_hvd.rank import context, keras_guard
-from mlflow_hvd.tracking import rank_logger as tracking
-from mlflow_hvd.tracking import records
+from mlflow_hvd.rank.tracking import api as tracking
 
 EXIT_USER_ERROR = 1
 EXIT_ORPHANED = 70
@@ -90,8 +89,9 @@ def main() -> int:
             return code
         _end_pooled_job()
         try:
-            answer = client.request(AwaitJob(rank))
-        except ChannelError:  # the driver is gone: nobody will hand out another job
+            # the driver answers within its idle limit (NextJob or Retire)
+            answer = client.request(AwaitJob(rank), boot.idle_timeout + boot.channel_timeout)
+        except ChannelError:  # the driver is gone or silent: nobody will hand out a job
             return EXIT_ORPHANED
         if not isinstance(answer, NextJob):  # Retire: the pool is closing
             return 0
@@ -154,10 +154,13 @@ def _end_pooled_job() -> None:
 
 def _shutdown_horovod() -> None:
     hvd = sys.modules.get("horovod.tensorflow")
-    if hvd is not None:
-        with contextlib.suppress(Exception):
-            if hvd.is_initialized():
-                hvd.shutdown()
+    if hvd is None:
+        return
+    try:
+        if hvd.is_initialized():
+            hvd.shutdown()
+    except Exception as exc:  # the job's outcome is already reported; say why Horovod didn't
+        sys.stderr.write(f"mlflow_hvd: horovod shutdown failed: {type(exc).__name__}: {exc}\n")
 
 
 _client: ChannelClient | None = None

@@ -10,22 +10,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlflow_hvd.common.options import check_positive_int
 from mlflow_hvd.driver.signals import sigterm_interrupts
+from mlflow_hvd.driver.tracking.run import store_lock
 from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
-from mlflow_hvd.options import check_positive_int
 from mlflow_hvd.runner import HorovodRunner
 from mlflow_hvd.sweep.plot import plot_losses
 from mlflow_hvd.sweep.space import plain, validate_space
 from mlflow_hvd.sweep.trials_store import load_trials, save_trials
-from mlflow_hvd.tracking.driver_run import store_lock
 
 TAG = "mlflow_hvd.sweep."
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,9 @@ def _run_trials(
                 return_argmin=False,
             )
         except AllTrialsFailed:
-            pass  # fmin's closing argmin has no successful trial yet: the sweep goes on
+            # fmin's closing argmin found no successful trial yet; every trial is recorded
+            # in `trials` (and saved below): the sweep goes on
+            log.debug("sweep %s: no successful trial after %d", parent_id, n)
         save_trials(client, parent_id, trials)
         if plan.early_stop_rounds and no_progress(trials.results, plan.early_stop_rounds):
             client.set_tag(parent_id, f"{TAG}early_stopped", f"after {n} trials")

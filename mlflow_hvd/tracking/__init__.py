@@ -1,17 +1,13 @@
-"""MLflow tracking of a distributed job: one run, owned by the driver, written by rank 0.
+"""MLflow tracking from inside a training function: rank 0 writes into the job's run, every
+other rank does nothing (the one gate is :func:`is_logging_rank`).
 
-Where each part runs:
-
-* :mod:`.driver_run` - **driver**: resolves or starts the run, tags it, ends it with the
-  true status (FINISHED / FAILED / KILLED).
-* :mod:`.rank_logger` - **rank 0**: the asynchronous logger behind the functions below;
-  every other rank is a no-op (the one gate is :func:`is_logging_rank`).
-* :mod:`.checkpoints` - **rank 0**: checkpoints as artifacts in MLflow's own layout.
-
-Training code uses the functions re-exported here (``from mlflow_hvd import tracking``).
+This is the public face of :mod:`mlflow_hvd.rank.tracking.api`; the driver's side (the run
+it owns and ends, the writes it makes for rank 0, what it saves during an outage) lives in
+:mod:`mlflow_hvd.driver.tracking`. Saved bundles are sent with
+``python -m mlflow_hvd.tracking.replay BUNDLE``.
 """
 
-from mlflow_hvd.tracking.rank_logger import (
+from mlflow_hvd.rank.tracking.api import (
     commit,
     configure,
     flush,

@@ -6,10 +6,10 @@ import re
 import threading
 from typing import Any
 
-from mlflow_hvd.backends.base import JobSpec
+from mlflow_hvd.agent.spark_task import barrier_task
 from mlflow_hvd.backends.spark.session import check_barrier_supported, wait_for_slots
-from mlflow_hvd.backends.spark.task import barrier_task
-from mlflow_hvd.messages import BackendFinished, Sink
+from mlflow_hvd.protocol.job import JobSpec
+from mlflow_hvd.protocol.messages import BackendFinished, Sink
 
 
 class SparkBackend:

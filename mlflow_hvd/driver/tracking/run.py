@@ -17,15 +17,15 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from mlflow_hvd.deadline import call_within
-from mlflow_hvd.errors import RetriesExhaustedError, Terminated, WorkerFailedError
-from mlflow_hvd.messages import TrackingTarget
-from mlflow_hvd.tracking import undelivered
-from mlflow_hvd.tracking.server import (
+from mlflow_hvd.common.deadline import call_within
+from mlflow_hvd.common.tracking_server import (
     check_server_reachable,
     make_local_artifact_dir,
     run_facts,
 )
+from mlflow_hvd.driver.tracking import undelivered
+from mlflow_hvd.errors import RetriesExhaustedError, Terminated, WorkerFailedError
+from mlflow_hvd.protocol.messages import TrackingTarget
 
 TAG_PREFIX = "mlflow_hvd."
 

@@ -1,23 +1,37 @@
 """What the driver and rank 0 both ask of the tracking store: can it be reached from here,
-what the run holds that a rank needs to know before training, and whether this host sees
-the run's artifact directory when that is a path on the driver's disk."""
+is an error an outage (retry later) or a refusal, what the run holds that a rank needs to
+know before training, and whether this host sees the run's artifact directory when that is
+a path on the driver's disk."""
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import urllib.parse
 from typing import Any
 
 from mlflow_hvd.errors import TrackingError
-from mlflow_hvd.messages import RunFacts
+from mlflow_hvd.protocol.messages import RunFacts
 
 SERVER_CONNECT_TIMEOUT = 10.0  # seconds given to the tracking server to accept
+_OUTAGE_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED",
+                 "DEADLINE_EXCEEDED", "ABORTED"}
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for errors that mean "the server is unreachable or overloaded" (retry later),
+    False for a refusal (a bad request, an inactive run: retrying cannot help)."""
+    if isinstance(exc, OSError | TimeoutError):
+        return True
+    errors = sys.modules.get("mlflow.exceptions")  # an MLflow error means MLflow is loaded
+    return (errors is not None and isinstance(exc, errors.MlflowException)
+            and exc.error_code in _OUTAGE_CODES)
 
 
 def run_facts(run: Any) -> RunFacts:
     """What rank 0 would otherwise ask the server before training (see :class:`RunFacts`)."""
-    from mlflow_hvd.tracking.checkpoints import LATEST_TAG
+    from mlflow_hvd.protocol.checkpoint_layout import LATEST_TAG
 
     tags = run.data.tags
     return RunFacts(

@@ -7,7 +7,7 @@ A bundle is a directory ``<root>/<run_id>/``::
                     files relative to the bundle
     files/...       the artifact files
 
-Rank 0's leftovers (:class:`~mlflow_hvd.messages.UndeliveredTracking`) and the driver's own
+Rank 0's leftovers (:class:`~mlflow_hvd.protocol.messages.UndeliveredTracking`) and the driver's own
 bookkeeping that timed out (failure tags, ``error.txt``, the run's final status) are
 appended to the same bundle. :func:`replay` sends it in order once the server is back and
 removes it; sending a record twice is harmless, so a replay that fails half-way can be run
@@ -27,10 +27,10 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from mlflow_hvd.deadline import DeadlineExceeded
-from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
-from mlflow_hvd.tracking import records as rec
-from mlflow_hvd.tracking.delivery import is_outage
+from mlflow_hvd.common.deadline import DeadlineExceeded
+from mlflow_hvd.common.tracking_server import is_outage
+from mlflow_hvd.protocol import records as rec
+from mlflow_hvd.protocol.messages import TrackingTarget, UndeliveredTracking
 
 _lock = threading.Lock()
 log = logging.getLogger(__name__)

@@ -43,6 +43,12 @@ def terminate_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> int:
     return code if code is not None else -signal.SIGKILL
 
 
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send ``sig`` to ``proc``'s process group (see :func:`terminate_group`); a group that is
+    already gone is fine."""
+    _signal_group(proc.pid, sig)
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)

@@ -1,8 +1,8 @@
 """Driver side of rank 0's tracking writes (:mod:`.sender`): the driver, which owns the
 run, makes the MLflow calls for the records rank 0 sends it.
 
-Each :class:`~mlflow_hvd.messages.TrackingWrite` is answered with a
-:class:`~mlflow_hvd.messages.TrackingWritten`: stored, a refusal, or an outage (rank 0 then
+Each :class:`~mlflow_hvd.protocol.messages.TrackingWrite` is answered with a
+:class:`~mlflow_hvd.protocol.messages.TrackingWritten`: stored, a refusal, or an outage (rank 0 then
 keeps the records, spilling to disk, and sends them again with backoff; see
 :mod:`.delivery`). MLflow's HTTP client retries for minutes by default, and the driver's
 environment is the user's, so the driver does not wait for it to give up: it answers
@@ -24,11 +24,10 @@ import threading
 import time
 from typing import Any
 
+from mlflow_hvd.common.tracking_server import check_server_reachable, is_outage
 from mlflow_hvd.errors import TrackingError
-from mlflow_hvd.messages import TrackingTarget, TrackingWrite, TrackingWritten
-from mlflow_hvd.tracking import records as rec
-from mlflow_hvd.tracking.delivery import is_outage
-from mlflow_hvd.tracking.server import check_server_reachable
+from mlflow_hvd.protocol import records as rec
+from mlflow_hvd.protocol.messages import TrackingTarget, TrackingWrite, TrackingWritten
 
 WRITE_TIMEOUT = 20.0  # seconds one MLflow call may take before rank 0 hears "outage"
 PROBE_TIMEOUT = 5.0  # seconds to connect to an HTTP tracking server

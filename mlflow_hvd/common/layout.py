@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 
-from mlflow_hvd.messages import RankSlot
+from mlflow_hvd.protocol.messages import RankSlot
 
 WORKER_MODULE = "mlflow_hvd.rank.worker"
 

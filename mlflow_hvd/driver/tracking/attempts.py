@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlflow_hvd.deadline import call_within
-from mlflow_hvd.messages import TrackingTarget
-from mlflow_hvd.tracking import undelivered
+from mlflow_hvd.common.deadline import call_within
+from mlflow_hvd.driver.tracking import undelivered
+from mlflow_hvd.protocol.messages import TrackingTarget
 
 ATTEMPT_METRIC = "mlflow_hvd.attempt"
 

@@ -1,7 +1,7 @@
 """Rank side: how rank 0's delivery thread (:mod:`.delivery`) sends one batch of records.
 
 Metric, param and tag batches and checkpoint commits go to the driver, as a
-:class:`~mlflow_hvd.messages.TrackingWrite` on a channel connection of their own; the
+:class:`~mlflow_hvd.protocol.messages.TrackingWrite` on a channel connection of their own; the
 driver, which owns the run, makes the MLflow call (:mod:`.relay`) and answers once the store
 took them. For each batch rank 0 then spends a pickle and a socket round trip instead of
 running MLflow's client (SQLAlchemy, or protobuf, JSON and HTTP) on the training process's
@@ -10,9 +10,9 @@ step (``benchmarks/logging_overhead.py``). Artifact files go from rank 0 straigh
 artifact store (their bytes need not travel through the driver). Records stay in order: the
 delivery thread sends one batch at a time, whichever way it goes.
 
-The driver's answer becomes an exception that :func:`.delivery.is_outage` classifies:
-``ConnectionError`` for an outage (retried with backoff), :class:`TrackingError` for a
-refusal.
+The driver's answer becomes an exception that
+:func:`~mlflow_hvd.common.tracking_server.is_outage` classifies: ``ConnectionError`` for an
+outage (retried with backoff), :class:`TrackingError` for a refusal.
 
 MLflow is never imported first by the delivery thread: its package imports itself in cycles
 that break when two threads import it at once (``ImportError: cannot import name ...``, seen
@@ -22,18 +22,20 @@ when the training code imported ``mlflow.models`` while a checkpoint was being u
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlflow_hvd.channel import ChannelClient
 from mlflow_hvd.errors import ChannelError, TrackingError
-from mlflow_hvd.messages import TrackingTarget, TrackingWrite, TrackingWritten
-from mlflow_hvd.tracking import records as rec
-from mlflow_hvd.tracking.records import Record
+from mlflow_hvd.protocol import records as rec
+from mlflow_hvd.protocol.channel import ChannelClient
+from mlflow_hvd.protocol.messages import TrackingTarget, TrackingWrite, TrackingWritten
+from mlflow_hvd.protocol.records import Record
 
 RELAYED = ("metric", "param", "tag", "commit")
+# The driver answers a write within its own deadline (relay.WRITE_TIMEOUT plus a probe);
+# a silence longer than this is treated as an outage and the batch sent again later.
+ANSWER_TIMEOUT = 60.0
 
 
 class Sender:
@@ -76,7 +78,7 @@ class Sender:
             if self._channel is None and self._connect is not None:
                 self._channel = self._connect()
             assert self._channel is not None  # relayed implies connect
-            answer = self._channel.request(request)
+            answer = self._channel.request(request, ANSWER_TIMEOUT)
         except ChannelError as exc:
             self.close()  # reconnect on the next try
             raise ConnectionError(
@@ -98,5 +100,4 @@ class Sender:
         """Close the connection to the driver (the next relayed batch opens a new one)."""
         channel, self._channel = self._channel, None
         if channel is not None:
-            with contextlib.suppress(Exception):
-                channel.close()
+            channel.close()  # never raises (a socket already closed is fine)

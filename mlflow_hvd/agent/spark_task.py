@@ -15,11 +15,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 
 from mlflow_hvd.agent import run_worker, staged_payload, worker_launch
-from mlflow_hvd.backends.base import JobSpec
-from mlflow_hvd.channel import ChannelClient
+from mlflow_hvd.common.layout import assign_slots
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.layout import assign_slots
-from mlflow_hvd.messages import LayoutReport
+from mlflow_hvd.protocol.channel import ChannelClient
+from mlflow_hvd.protocol.job import JobSpec
+from mlflow_hvd.protocol.messages import LayoutReport
 
 
 def iface_towards(address: str) -> str:

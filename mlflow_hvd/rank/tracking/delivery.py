@@ -11,7 +11,7 @@ A record the server *refuses* (not an outage: e.g. a run that is no longer activ
 dropped with its count and the first error, raised by the next :meth:`flush`.
 
 At the end, :meth:`close` waits up to a deadline; what is still undelivered is returned as
-an :class:`~mlflow_hvd.messages.UndeliveredTracking` (records plus the bytes of pending
+an :class:`~mlflow_hvd.protocol.messages.UndeliveredTracking` (records plus the bytes of pending
 artifact files), for the worker to hand to the driver, which saves it for replay.
 """
 
@@ -21,34 +21,20 @@ import collections
 import contextlib
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mlflow_hvd.common.tracking_server import is_outage
 from mlflow_hvd.errors import TrackingError
-from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
-from mlflow_hvd.tracking import records as rec
-from mlflow_hvd.tracking.records import Record
+from mlflow_hvd.protocol import records as rec
+from mlflow_hvd.protocol.messages import TrackingTarget, UndeliveredTracking
+from mlflow_hvd.protocol.records import Record
 
 SEND_INTERVAL = 2.0  # seconds between background sends; flush() sends at once
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 5.0
 MEMORY_LIMIT = 10_000  # records kept in memory during an outage; the rest go to disk
-_OUTAGE_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED",
-                 "DEADLINE_EXCEEDED", "ABORTED"}
-
-
-def is_outage(exc: BaseException) -> bool:
-    """True for errors that mean "the server is unreachable or overloaded" (retry later),
-    False for a refusal (a bad request, an inactive run: retrying cannot help)."""
-    if isinstance(exc, OSError | TimeoutError):
-        return True
-    errors = sys.modules.get("mlflow.exceptions")  # an MLflow error means MLflow is loaded
-    return (errors is not None and isinstance(exc, errors.MlflowException)
-            and exc.error_code in _OUTAGE_CODES)
-
-
 class Delivery:
     """The background sender of one rank-0 process (see the module docstring)."""
 

@@ -33,6 +33,7 @@ class Bootstrap:
     parent_pid: int
     channel_timeout: float
     pooled: bool = False  # after a job, ask the driver for the next one (a warm pool)
+    idle_timeout: float = 3600.0  # seconds a pooled rank waits for the next job
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -75,7 +76,7 @@ class RunFacts:
 class Code:
     """``main`` and its kwargs, cloudpickled once on the driver (``pickled``), with what
     gives code sent by value its file names and source lines back
-    (:mod:`mlflow_hvd.code_sources`), so that a worker's traceback shows them instead of
+    (:mod:`mlflow_hvd.common.code_sources`), so that a worker's traceback shows them instead of
     cloudpickle's anonymous ``<dynamic-code>``."""
 
     pickled: bytes = field(repr=False)
@@ -213,7 +214,7 @@ class Retire:
 @dataclass(frozen=True)
 class TrackingWrite(Request):
     """Rank 0 -> driver: write these records (metric, param and tag batches, a checkpoint's
-    commit; see :mod:`mlflow_hvd.tracking.records`) into the job's run. The driver makes
+    commit; see :mod:`mlflow_hvd.protocol.records`) into the job's run. The driver makes
     the MLflow call and answers :class:`TrackingWritten` once the store took them, so
     rank 0's process spends no CPU on MLflow's client for them."""
 

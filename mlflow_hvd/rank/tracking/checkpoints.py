@@ -1,11 +1,5 @@
-"""Rank 0: checkpoints as MLflow artifacts, in the layout of MLflow's own Keras checkpointing.
-
-Layout (as ``mlflow.tensorflow.autolog(checkpoint=True)`` writes it, so
-``mlflow.tensorflow.load_checkpoint(run_id=..., epoch=...)`` reads ours too)::
-
-    checkpoints/epoch_<N>/checkpoint.keras          model + optimizer state
-    checkpoints/epoch_<N>/checkpoint_metrics.json   metrics, "epoch", "global_step"
-    tag mlflow.latest_checkpoint_artifact = checkpoints/epoch_<N>/checkpoint.keras
+"""Rank 0: checkpoints as MLflow artifacts, in the layout of MLflow's own Keras checkpointing
+(:mod:`mlflow_hvd.protocol.checkpoint_layout`).
 
 Epochs are Keras' 0-based epoch indices. The tag is written last, after the files are
 uploaded and in one ``log_batch`` with the epoch's metrics, so it always points at a
@@ -16,31 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from dataclasses import dataclass
 from typing import Any
 
-from mlflow_hvd import scratch
-from mlflow_hvd.tracking import rank_logger as tracking
+from mlflow_hvd.common import scratch
+from mlflow_hvd.protocol.checkpoint_layout import (
+    LATEST_TAG,
+    METRICS_FILE,
+    MODEL_FILE,
+    CheckpointRef,
+    epoch_dir,
+    model_path,
+    parse,
+)
+from mlflow_hvd.rank.tracking import api as tracking
 
-CHECKPOINT_DIR = "checkpoints"
-MODEL_FILE = "checkpoint.keras"
-METRICS_FILE = "checkpoint_metrics.json"
-LATEST_TAG = "mlflow.latest_checkpoint_artifact"
-_EPOCH_RE = re.compile(rf"^{CHECKPOINT_DIR}/epoch_(\d+)/")
-
-
-@dataclass(frozen=True)
-class CheckpointRef:
-    """A checkpoint of a run: which epoch, and the artifact path of its model file."""
-
-    run_id: str
-    epoch: int
-    artifact_path: str
-
-
-def epoch_dir(epoch: int) -> str:
-    return f"{CHECKPOINT_DIR}/epoch_{epoch}"
+__all__ = ["LATEST_TAG", "CheckpointRef", "download", "latest", "save"]
 
 
 def save(
@@ -59,16 +43,14 @@ def save(
     if not tracking.is_logging_rank():
         return
     with scratch.owned_dir("ckpt") as tmp:
-        model_path = os.path.join(tmp, MODEL_FILE)
-        model.save(model_path)
+        local_model = os.path.join(tmp, MODEL_FILE)
+        model.save(local_model)
         metrics_path = os.path.join(tmp, METRICS_FILE)
         with open(metrics_path, "w") as f:
             json.dump({**metrics, "epoch": epoch, "global_step": global_step}, f)
-        tracking.log_artifact(model_path, epoch_dir(epoch))
+        tracking.log_artifact(local_model, epoch_dir(epoch))
         tracking.log_artifact(metrics_path, epoch_dir(epoch))
-    tracking.commit(
-        metrics if log_metrics else {}, epoch, {LATEST_TAG: f"{epoch_dir(epoch)}/{MODEL_FILE}"}
-    )
+    tracking.commit(metrics if log_metrics else {}, epoch, {LATEST_TAG: model_path(epoch)})
 
 
 def latest(run_id: str, tracking_uri: str | None = None) -> CheckpointRef | None:
@@ -76,13 +58,7 @@ def latest(run_id: str, tracking_uri: str | None = None) -> CheckpointRef | None
     from mlflow import MlflowClient
 
     run = MlflowClient(tracking_uri=tracking_uri).get_run(run_id)
-    path = run.data.tags.get(LATEST_TAG)
-    if not path:
-        return None
-    m = _EPOCH_RE.match(path)
-    if m is None:
-        return None  # a best-only checkpoint of MLflow autolog: no epoch to resume from
-    return CheckpointRef(run_id, int(m.group(1)), path)
+    return parse(run_id, run.data.tags.get(LATEST_TAG))
 
 
 def download(ref: CheckpointRef, dst: str, tracking_uri: str | None = None) -> str:

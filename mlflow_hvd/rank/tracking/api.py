@@ -17,23 +17,28 @@ Outside a HorovodRunner job (no tracking target) every function is a no-op.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from mlflow_hvd import scratch
+from mlflow_hvd.common import scratch
+from mlflow_hvd.common.tracking_server import (
+    check_local_artifacts,
+    check_server_reachable,
+    is_outage,
+    run_facts,
+)
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.messages import TrackingTarget, UndeliveredTracking
+from mlflow_hvd.protocol.messages import TrackingTarget, UndeliveredTracking
 from mlflow_hvd.rank import context
-from mlflow_hvd.tracking.delivery import Delivery, is_outage
-from mlflow_hvd.tracking.sender import Sender
-from mlflow_hvd.tracking.server import check_local_artifacts, check_server_reachable, run_facts
+from mlflow_hvd.rank.tracking.delivery import Delivery
+from mlflow_hvd.rank.tracking.sender import Sender
 
 # MLflow's HTTP client retries for minutes by default; rank 0 retries by itself (with no
 # limit on time while training) so each call is kept short. Set them to override.
@@ -165,8 +170,11 @@ def shutdown(timeout: float | None = None) -> tuple[UndeliveredTracking | None, 
             logger = _closing
         _closing = logger
     if monitor is not None:
-        with contextlib.suppress(Exception):  # system metrics are samples, not the job's data
+        try:
             monitor.finish()
+        except Exception as exc:  # system metrics are samples, not the job's data: say so
+            sys.stderr.write(f"mlflow_hvd: the system-metrics monitor did not stop cleanly "
+                             f"(its last samples may be missing): {exc}\n")
     if logger is None:
         return None, ""
     return logger.close(logger.target.drain_timeout if timeout is None else timeout, _host)
@@ -324,7 +332,7 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     the installed versions of TensorFlow, Keras, NumPy and cloudpickle (pass
     ``pip_requirements``, ``extra_pip_requirements`` or ``conda_env`` to choose). Its
     signature is the model's declared tensors unless ``signature`` or ``input_example`` is
-    passed (:mod:`mlflow_hvd.tracking.signature`; no prediction is run).
+    passed (:mod:`mlflow_hvd.rank.tracking.signature`; no prediction is run).
 
     Returns:
         ``mlflow.models.model.ModelInfo`` on rank 0, None elsewhere.
@@ -340,8 +348,8 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     mlflow.set_tracking_uri(logger.target.tracking_uri)
     kwargs.setdefault("step", logger.last_step)
     kwargs["tags"] = {**logger.source_tags, **(kwargs.get("tags") or {})}
-    from mlflow_hvd.tracking import requirements  # reads package metadata: only here
-    from mlflow_hvd.tracking.signature import declared_signature
+    from mlflow_hvd.rank.tracking import requirements  # reads package metadata: only here
+    from mlflow_hvd.rank.tracking.signature import declared_signature
 
     kwargs = requirements.with_known_requirements(kwargs)  # no inference subprocess
     if "signature" not in kwargs and "input_example" not in kwargs:  # no prediction either

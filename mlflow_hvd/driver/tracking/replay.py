@@ -1,0 +1,33 @@
+"""``python -m mlflow_hvd.tracking.replay BUNDLE_DIR [--tracking-uri URI]``: send tracking
+records saved during a tracking-server outage (see :mod:`.undelivered`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mlflow_hvd.driver.tracking.undelivered import load, replay
+from mlflow_hvd.protocol import records
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mlflow_hvd.tracking.replay")
+    p.add_argument("bundle", help="the directory named in the warning")
+    p.add_argument("--tracking-uri", help="send to this server instead of the saved one")
+    args = p.parse_args(argv)
+    try:
+        meta, _ = load(args.bundle)
+    except (OSError, ValueError) as exc:
+        print(f"cannot read bundle {args.bundle}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        counts = replay(args.bundle, args.tracking_uri)
+    except Exception as exc:
+        print(f"replay of {args.bundle} stopped (kept; run it again): {exc}", file=sys.stderr)
+        return 1
+    print(f"replayed {records.describe(counts)} into run {meta['run_id']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

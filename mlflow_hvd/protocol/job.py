@@ -1,0 +1,46 @@
+"""The description of one distributed job, as the driver hands it to a backend and a backend
+to its Spark tasks (the same object travels in the barrier task's closure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One distributed run, as the driver hands it to a backend (and a backend to its
+    Spark tasks: the same object travels in the barrier task's closure).
+
+    Attributes:
+        np: Number of ranks (positive).
+        payload: A pickled :class:`~mlflow_hvd.protocol.messages.Payload`.
+        secret: Per-run HMAC secret; excluded from ``repr`` so it never lands in a log.
+        driver_host: Address workers use to reach the driver's channel and rendezvous.
+        channel_port: Port of the driver's authenticated channel.
+        rendezvous_port: Port of horovod's Gloo rendezvous server.
+        job_id: Unique id; also the Spark job group.
+        description: Human-readable description (Spark UI).
+        channel_timeout: Deadline of each worker-to-driver send, in seconds.
+        max_line_bytes: Output lines longer than this are truncated with a marker.
+        stop_grace: Seconds between SIGTERM and SIGKILL when stopping a worker.
+        gloo_iface: Network interface for Gloo; None picks the one that routes to the driver.
+        pooled: Workers stay up after the job and ask the driver for the next one
+            (:mod:`mlflow_hvd.driver.pool`).
+        idle_timeout: How long a pooled worker waits for the next job before the driver
+            retires it, in seconds.
+    """
+
+    np: int
+    payload: bytes = field(repr=False)
+    secret: bytes = field(repr=False)
+    driver_host: str
+    channel_port: int
+    rendezvous_port: int
+    job_id: str
+    description: str
+    channel_timeout: float = 60.0
+    max_line_bytes: int = 16384
+    stop_grace: float = 5.0
+    gloo_iface: str | None = None
+    pooled: bool = False
+    idle_timeout: float = 3600.0

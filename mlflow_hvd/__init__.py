@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
+from mlflow_hvd.common import logs as _logs
+
+_logs.from_env()  # MLFLOW_HVD_LOG_LEVEL=INFO shows the lifecycle log
+enable_logging = _logs.enable
+
 __all__ = [
     "AuthenticationError",
     "BackendError",
@@ -57,10 +62,11 @@ __all__ = [
     "TrackingError",
     "WorkerFailedError",
     "attempt",
+    "enable_logging",
     "log_to_driver",
 ]
 _WHERE = {
-    **{name: "mlflow_hvd.errors" for name in __all__},
+    **{name: "mlflow_hvd.errors" for name in __all__ if name != "enable_logging"},
     "HorovodRunner": "mlflow_hvd.runner",
     "log_to_driver": "mlflow_hvd.rank.context",
     "attempt": "mlflow_hvd.rank.context",

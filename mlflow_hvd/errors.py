@@ -10,6 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+LIFECYCLE_HINT = (
+    "Each rank's start and exit and the driver's decisions are in the lifecycle log: set "
+    "MLFLOW_HVD_LOG_LEVEL=INFO (or call mlflow_hvd.enable_logging())"
+)
+
 
 class MlflowHvdError(Exception):
     """Base class of every error raised by mlflow_hvd."""
@@ -202,4 +207,5 @@ class WorkerFailedError(MlflowHvdError):
                 + ", ".join(str(r) for r in self.unreported_ranks)
                 + " (their task or host may be lost)"
             )
+        lines.append(LIFECYCLE_HINT)
         return "\n".join(lines)

@@ -12,7 +12,13 @@ import pytest
 
 from mlflow_hvd.common.layout import assign_slots
 from mlflow_hvd.driver import DriverSettings, Verbosity, run_job
-from mlflow_hvd.errors import BackendError, RunTimeoutError, StartTimeoutError, WorkerFailedError
+from mlflow_hvd.errors import (
+    LIFECYCLE_HINT,
+    BackendError,
+    RunTimeoutError,
+    StartTimeoutError,
+    WorkerFailedError,
+)
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
@@ -161,7 +167,7 @@ def test_first_failure_is_root_cause_and_others_are_stopped() -> None:
         "Rank 1 on host h failed (exit code 1) [root cause]: ValueError: boom\n"
         "Traceback of rank 1:\nTraceback...\nValueError: boom\n"
         "Also failed afterwards: rank 2 on host h (exit code 1): HorovodInternalError: gone\n"
-        "Stopped by the driver after the root cause: ranks 0"
+        "Stopped by the driver after the root cause: ranks 0\n" + LIFECYCLE_HINT
     )
 
 
@@ -202,7 +208,8 @@ def test_rank_lost_without_a_stop_is_reported_as_unreported() -> None:
     assert ([f.rank for f in failures], stopped, unreported) == ([1], [], [0])
     exc = WorkerFailedError(failures[0], failures, stopped, unreported)
     assert str(exc).endswith(
-        "No exit report reached the driver from ranks 0 (their task or host may be lost)"
+        "No exit report reached the driver from ranks 0 (their task or host may be lost)\n"
+        + LIFECYCLE_HINT
     )
 
 

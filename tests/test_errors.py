@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from mlflow_hvd import errors
-from mlflow_hvd.errors import RankFailure, WorkerFailedError
+from mlflow_hvd.errors import LIFECYCLE_HINT, RankFailure, WorkerFailedError
 
 
 def _failure(rank: int, code: int | None, tb: str = "", tail: tuple[str, ...] = ()) -> RankFailure:
@@ -59,7 +59,7 @@ def test_worker_failed_error_message_and_pickle() -> None:
         "Traceback (most recent call last):\n  ...\nValueError: boom\n"
         "Also failed afterwards: rank 0 on host host0 (exit code 1): "
         "HorovodInternalError: peer gone\n"
-        "Stopped by the driver after the root cause: ranks 2"
+        "Stopped by the driver after the root cause: ranks 2\n" + LIFECYCLE_HINT
     )
     back = pickle.loads(pickle.dumps(exc))
     assert str(back) == str(exc)
@@ -72,7 +72,7 @@ def test_failure_without_traceback_shows_output_tail() -> None:
         "Rank 1 on host host1 failed (killed by signal SIGKILL) [root cause]\n"
         "Last 2 lines of output of rank 1:\n"
         "[1]<stdout>: step 1\n"
-        "[1]<stdout>: step 2"
+        "[1]<stdout>: step 2\n" + LIFECYCLE_HINT
     )
 
 
@@ -87,5 +87,5 @@ def test_describe_exit(code: int | None, text: str) -> None:
 
 def test_failure_with_neither_traceback_nor_output_says_so() -> None:
     assert str(WorkerFailedError(_failure(2, 3))).endswith(
-        "Rank 2 wrote no traceback and no output."
+        "Rank 2 wrote no traceback and no output.\n" + LIFECYCLE_HINT
     )

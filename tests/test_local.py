@@ -14,6 +14,7 @@ from conftest import assert_no_workers_left
 from mlflow_hvd import HorovodRunner, StartTimeoutError, WorkerFailedError
 from mlflow_hvd.backends.local import LocalBackend
 from mlflow_hvd.driver import DriverSettings, run_job
+from mlflow_hvd.errors import LIFECYCLE_HINT
 
 
 def test_two_local_ranks_run_real_collectives(capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,7 +71,7 @@ def test_exception_on_rank_1_is_the_root_cause_with_its_traceback() -> None:
         "Rank 1 on host localhost failed (exit code 1) [root cause]: "
         "ValueError: boom from rank 1\n"
         f"Traceback of rank 1:\n{tb.rstrip()}\n"
-        "Stopped by the driver after the root cause: ranks 0"
+        "Stopped by the driver after the root cause: ranks 0\n" + LIFECYCLE_HINT
     )
     assert_no_workers_left()
 
@@ -82,7 +83,7 @@ def test_exit_code_3_on_rank_1_shows_its_last_output() -> None:
         "Rank 1 on host localhost failed (exit code 3) [root cause]\n"
         "Last 1 lines of output of rank 1:\n"
         "[1]<stdout>: rank 1 about to exit with status 3\n"
-        "Stopped by the driver after the root cause: ranks 0"
+        "Stopped by the driver after the root cause: ranks 0\n" + LIFECYCLE_HINT
     )
     assert info.value.exit_code == 3
     assert_no_workers_left()
@@ -95,7 +96,7 @@ def test_sigkill_on_rank_1_is_reported_as_a_signal() -> None:
         "Rank 1 on host localhost failed (killed by signal SIGKILL) [root cause]\n"
         "Last 1 lines of output of rank 1:\n"
         "[1]<stdout>: rank 1 about to SIGKILL itself\n"
-        "Stopped by the driver after the root cause: ranks 0"
+        "Stopped by the driver after the root cause: ranks 0\n" + LIFECYCLE_HINT
     )
     assert_no_workers_left()
 

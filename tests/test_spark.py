@@ -10,6 +10,7 @@ import workers
 from conftest import assert_no_workers_left, worker_processes
 
 from mlflow_hvd import HorovodRunner, InsufficientSlotsError, WorkerFailedError
+from mlflow_hvd.errors import LIFECYCLE_HINT
 
 pytestmark = pytest.mark.spark
 
@@ -56,7 +57,7 @@ def test_exception_on_rank_1_cancels_the_job_and_leaves_no_worker(spark: Any) ->
         f"Rank 1 on host {exc.host} failed (exit code 1) [root cause]: "
         "ValueError: boom from rank 1\n"
         f"Traceback of rank 1:\n{tb.rstrip()}\n"
-        "Stopped by the driver after the root cause: ranks 0"
+        "Stopped by the driver after the root cause: ranks 0\n" + LIFECYCLE_HINT
     )
     assert worker_processes() == []  # at once: run() returned after every rank was gone
     _no_active_jobs(spark)
@@ -81,7 +82,7 @@ def test_sigkill_on_rank_1_in_a_barrier_task(spark: Any) -> None:
         f"Rank 1 on host {info.value.host} failed (killed by signal SIGKILL) [root cause]\n"
         "Last 1 lines of output of rank 1:\n"
         "[1]<stdout>: rank 1 about to SIGKILL itself\n"
-        "Stopped by the driver after the root cause: ranks 0"
+        "Stopped by the driver after the root cause: ranks 0\n" + LIFECYCLE_HINT
     )
     _no_active_jobs(spark)
     assert_no_workers_left()

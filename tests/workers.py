@@ -12,6 +12,12 @@ import time
 from typing import Any
 
 
+def _rank() -> int:
+    """This rank, as HorovodRunner gives it to every worker (``HOROVOD_RANK``): the failure
+    workers need nothing else, so they import neither TensorFlow nor Horovod."""
+    return int(os.environ["HOROVOD_RANK"])
+
+
 def collectives(scale: float = 1.0) -> dict[str, Any]:
     """Real allreduce / allgather / broadcast; returns what this rank saw."""
     import horovod.tensorflow as hvd
@@ -43,29 +49,20 @@ def collectives(scale: float = 1.0) -> dict[str, Any]:
 
 
 def raise_on_rank_1() -> None:
-    import horovod.tensorflow as hvd
-
-    hvd.init()
-    if hvd.rank() == 1:
+    if _rank() == 1:
         raise ValueError("boom from rank 1")
     time.sleep(120)  # rank 0 idles until the driver stops it
 
 
 def exit_3_on_rank_1() -> None:
-    import horovod.tensorflow as hvd
-
-    hvd.init()
-    if hvd.rank() == 1:
+    if _rank() == 1:
         print("rank 1 about to exit with status 3", flush=True)
         os._exit(3)
     time.sleep(120)
 
 
 def sigkill_on_rank_1() -> None:
-    import horovod.tensorflow as hvd
-
-    hvd.init()
-    if hvd.rank() == 1:
+    if _rank() == 1:
         print("rank 1 about to SIGKILL itself", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(120)
@@ -120,18 +117,15 @@ def keras_numerics(steps: int = 5, rows: int = 64, learning_rate: float = 0.05) 
 
 def log_some(n_steps: int = 3) -> str | None:
     """Every rank calls the tracking API; only rank 0's calls may land."""
-    import horovod.tensorflow as hvd
-
     from mlflow_hvd import tracking
 
-    hvd.init()
-    tracking.log_params({"alpha": 0.5, "rank_that_logged": hvd.rank()})
+    rank = _rank()
+    tracking.log_params({"alpha": 0.5, "rank_that_logged": rank})
     tracking.log_params({"alpha": 0.5})  # same value again: a no-op
     for step in range(n_steps):
-        tracking.log_metrics({"m": float(step * 10 + hvd.rank())}, step=step)
-    tracking.set_tags({"who": f"rank{hvd.rank()}"})
-    tracking.log_dict({"rank": hvd.rank()}, "info/rank.json")
-    hvd.join()  # keep rank 1 alive until rank 0 has logged
+        tracking.log_metrics({"m": float(step * 10 + rank)}, step=step)
+    tracking.set_tags({"who": f"rank{rank}"})
+    tracking.log_dict({"rank": rank}, "info/rank.json")
     return tracking.run_id()
 
 
@@ -307,11 +301,8 @@ def log_steadily(n: int, interval: float, until: str | None = None) -> int:
     """Rank 0 logs metric ``x`` = i at step i, one every ``interval`` seconds, plus a tag, a
     param and an artifact half-way; then, if ``until`` is given, waits (at most 300 s) for
     that file to exist. Returns how many values it logged."""
-    import horovod.tensorflow as hvd
-
     from mlflow_hvd import tracking
 
-    hvd.init()
     for i in range(n):
         tracking.log_metric("x", float(i), step=i)
         if i == n // 2:
@@ -330,12 +321,9 @@ def log_steadily(n: int, interval: float, until: str | None = None) -> int:
 def kill_group_then_return(pgid: int, value: Any = "done", log_n: int = 0) -> Any:
     """Rank 0 SIGKILLs a process group (e.g. the MLflow server), then logs ``log_n``
     values of ``y``, a tag and an artifact (if ``log_n``), and returns ``value``."""
-    import horovod.tensorflow as hvd
-
     from mlflow_hvd import tracking
 
-    hvd.init()
-    if hvd.rank() == 0:
+    if _rank() == 0:
         os.killpg(pgid, signal.SIGKILL)
     for i in range(log_n):
         tracking.log_metric("y", float(i), step=i)

@@ -10,16 +10,20 @@ retry the barrier stage: the driver decides and cancels the job.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
 from mlflow_hvd.agent import run_worker, staged_payload, worker_launch
+from mlflow_hvd.common import logs
 from mlflow_hvd.common.layout import assign_slots
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.channel import ChannelClient
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import LayoutReport
+
+log = logging.getLogger(__name__)
 
 
 def iface_towards(address: str) -> str:
@@ -53,6 +57,8 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
     def run_task(_: Iterable[int]) -> Iterator[int]:
         from pyspark import BarrierTaskContext
 
+        if job.log_level:  # the driver's lifecycle log level: into the executor's stderr
+            logs.enable(job.log_level)
         ctx = BarrierTaskContext.get()
         partition = ctx.partitionId()
         # every task's executor address, known to each task without a round trip (an
@@ -72,7 +78,11 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
                     cwd=None,
                     host_name=socket.gethostname(),
                 )
+                log.info("job %s: task %d starts rank %d on %s", job.job_id, partition,
+                         launch.rank, launch.host)
                 exited = run_worker(launch, client.send, threading.Event())
+                log.info("job %s: rank %d on %s exited with %d", job.job_id, launch.rank,
+                         launch.host, exited.exit_code)
         finally:
             client.close()
         yield exited.exit_code

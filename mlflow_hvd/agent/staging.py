@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from mlflow_hvd.agent.process import WorkerLaunch
-from mlflow_hvd.common import scratch
+from mlflow_hvd.common import logs, scratch
 from mlflow_hvd.common.layout import rank_env, worker_command, worker_env
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import Bootstrap, RankSlot
@@ -52,6 +52,8 @@ def worker_launch(
     host = host_name or slot.hostname
     env = worker_env(os.environ, rank_env(slot, driver_host, job.rendezvous_port, iface))
     env[HOST_NAME_VAR] = host
+    if job.log_level:
+        env[logs.ENV] = job.log_level
     return WorkerLaunch(
         rank=slot.rank,
         host=host,

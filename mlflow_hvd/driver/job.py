@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import secrets
 import socket
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend, JobSpec
+from mlflow_hvd.common import logs
 from mlflow_hvd.driver.channel_server import ChannelServer
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
@@ -21,6 +23,8 @@ from mlflow_hvd.protocol.messages import (
     TrackingWrite,
     UndeliveredTracking,
 )
+
+log = logging.getLogger(__name__)
 
 TrackingWriter = Callable[[TrackingWrite], object]  # a TrackingWritten, or Retire
 
@@ -69,11 +73,15 @@ def run_job(
             max_line_bytes=settings.max_line_bytes,
             stop_grace=settings.stop_grace,
             gloo_iface=settings.gloo_iface,
+            log_level=logs.handed_level(),
         )
+        log.info("job %s: starting %d ranks on the %s backend (%s)", job.job_id, np,
+                 backend.name, description)
         finished = False
         try:
             backend.start(job, on_message)
-            value = supervise(JobRecord(np), events, backend, settings, out or sys.stdout)
+            record = JobRecord(np, job.job_id)
+            value = supervise(record, events, backend, settings, out or sys.stdout)
             finished = True
             return value
         finally:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend, JobSpec
+from mlflow_hvd.common import logs
 from mlflow_hvd.common.deadline import Deadline
 from mlflow_hvd.common.layout import to_slot_infos
 from mlflow_hvd.driver.job import (
@@ -117,6 +118,7 @@ class _Generation:
             stop_grace=self.settings.stop_grace,
             gloo_iface=self.settings.gloo_iface,
             pooled=True,
+            log_level=logs.handed_level(),
         )
 
     def _write(self, request: TrackingWrite) -> object:
@@ -287,7 +289,7 @@ class RankPool:
             if self._live is None:
                 self._start_generation(payload, job_id, description, settings, on_undelivered,
                                        on_tracking_write)
-            record = JobRecord(self.np)
+            record = JobRecord(self.np, job_id)
             try:
                 value = self._supervise(record, settings, out)
             except WorkerFailedError:
@@ -298,7 +300,7 @@ class RankPool:
                 self._discard()  # the job never ran: run it on new ranks
                 self._start_generation(payload, job_id, description, settings, on_undelivered,
                                        on_tracking_write)
-                value = self._supervise(JobRecord(self.np), settings, out)
+                value = self._supervise(JobRecord(self.np, job_id), settings, out)
             succeeded = True
             return value
         finally:

@@ -2,13 +2,16 @@
 
 The loop only consumes messages (from the channel or, for local processes, directly from
 the agents); it never branches on the backend's type. The job moves through the states of
-:class:`JobState`; every transition is a named method of :class:`JobRecord`.
+:class:`JobState`; every transition is a named method of :class:`JobRecord` and says so in
+the ``mlflow_hvd.driver.supervisor`` log. The loop ends with an :class:`Outcome`, which
+:func:`supervise` returns or raises.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
+import logging
 import queue
 import time
 from dataclasses import dataclass, field
@@ -18,6 +21,7 @@ from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.driver.rendezvous import LayoutMismatch
 from mlflow_hvd.errors import (
     BackendError,
+    MlflowHvdError,
     RankFailure,
     RunTimeoutError,
     StartTimeoutError,
@@ -33,6 +37,8 @@ from mlflow_hvd.protocol.messages import (
     WorkerResult,
     WorkerStarted,
 )
+
+log = logging.getLogger(__name__)
 
 TAIL_LINES = 100
 EXIT_AFTER_ERROR = 2.0  # seconds a rank that reported an error gets to exit by itself
@@ -74,12 +80,30 @@ class JobState(enum.Enum):
     STOPPING = "stopping"  # backend.stop() sent; collecting the remaining exit reports
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended: rank 0's cloudpickled value, or the error that ends the job."""
+
+    value: bytes | None = None
+    error: MlflowHvdError | None = None
+
+    def unwrap(self) -> bytes:
+        """The value; raises the error."""
+        if self.error is not None:
+            raise self.error
+        if self.value is None:  # every constructor sets one or the other
+            raise BackendError("the job ended with neither a value nor an error")
+        return self.value
+
+
 @dataclass
 class JobRecord:
     """Everything the driver has learned about one job, and its state."""
 
     np: int
+    job_id: str = ""  # names the job in the lifecycle log
     state: JobState = JobState.RUNNING
+    t0: float = field(default_factory=time.monotonic)
     failed_at: float | None = None
     started: dict[int, str] = field(default_factory=dict)
     exited: dict[int, WorkerExited] = field(default_factory=dict)
@@ -100,6 +124,8 @@ class JobRecord:
         """RUNNING -> FAILING: the first rank failure was observed."""
         if self.state is JobState.RUNNING:
             self.state, self.failed_at = JobState.FAILING, now
+            log.info("job %s: running -> failing after %.1fs (%s)", self.job_id,
+                     now - self.t0, self._failed_ranks())
 
     def stop(self, backend: Backend) -> None:
         """FAILING -> STOPPING: ask the backend to stop every rank (the only way into
@@ -107,6 +133,14 @@ class JobRecord:
         if self.state is JobState.FAILING:
             backend.stop()
             self.state = JobState.STOPPING
+            log.info("job %s: failing -> stopping: the %s backend stops every rank (%d of %d "
+                     "exited)", self.job_id, backend.name, len(self.exited), self.np)
+
+    def _failed_ranks(self) -> str:
+        errs = [f"rank {r} raised" for r in sorted(self.errors)]
+        exits = [f"rank {r} exited {e.exit_code}" for r, e in sorted(self.exited.items())
+                 if e.exit_code != 0 and not e.stopped]
+        return ", ".join(errs + exits)
 
     # --- queries -----------------------------------------------------------------------
     def all_exited(self) -> bool:
@@ -187,12 +221,30 @@ def supervise(
     Raises:
         WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError.
     """
-    t0 = time.monotonic()
+    outcome = watch(job, events, backend, settings, out)
+    log.info("job %s: %s after %.1fs", job.job_id,
+             "succeeded" if outcome.error is None else f"ended by {type(outcome.error).__name__}",
+             time.monotonic() - job.t0)
+    return outcome.unwrap()
+
+
+def watch(
+    job: JobRecord,
+    events: queue.Queue[object],
+    backend: Backend,
+    settings: DriverSettings,
+    out: TextIO,
+) -> Outcome:
+    """The loop: consume messages until every rank exited, a deadline passed or the job
+    failed and its ranks are down; never raises for the job's own failures."""
+    t0 = job.t0
     wind_down = settings.stop_grace + settings.report_grace
     while not job.all_exited():
         now = time.monotonic()
         if job.state is JobState.RUNNING:
-            _check_running(job, backend, settings, now - t0, now)
+            error = _check_running(job, backend, settings, now - t0, now)
+            if error is not None:
+                return Outcome(error=error)
         elif now > (job.failed_at or now) + wind_down or (
             job.state is JobState.STOPPING
             and job.backend_finished is not None
@@ -221,13 +273,14 @@ def supervise(
 
 def _check_running(
     job: JobRecord, backend: Backend, settings: DriverSettings, elapsed: float, now: float
-) -> None:
-    """The deadlines and faults of a job with no rank failure yet."""
+) -> MlflowHvdError | None:
+    """The deadlines and faults of a job with no rank failure yet: the error that ends the
+    job (its ranks already told to stop), or None."""
     np = job.np
     if len(job.started) < np and elapsed > settings.start_timeout:
         backend.stop()
         missing = sorted(set(range(np)) - set(job.started))
-        raise StartTimeoutError(
+        return StartTimeoutError(
             f"{len(job.started)} of {np} ranks started within {settings.start_timeout:g}s "
             f"(missing ranks: {', '.join(map(str, missing))}). Raise "
             "HorovodRunner(start_timeout=...) if workers are slow to start, or check that the "
@@ -235,42 +288,43 @@ def _check_running(
         )
     if settings.run_timeout is not None and elapsed > settings.run_timeout:
         backend.stop()
-        raise RunTimeoutError(
+        return RunTimeoutError(
             f"the job did not finish within {settings.run_timeout:g}s ({len(job.exited)} of "
             f"{np} ranks exited); raise HorovodRunner(timeout=...) or pass timeout=None for no "
             "limit"
         )
     if job.fault:
         backend.stop()
-        raise BackendError(f"the {backend.name} backend cannot run this job: {job.fault}")
+        return BackendError(f"the {backend.name} backend cannot run this job: {job.fault}")
     finished = job.backend_finished
     if finished is None or job.backend_finished_at is None:
-        return
+        return None
     if finished.error:
-        raise BackendError(
+        return BackendError(
             f"the {backend.name} backend failed before all ranks finished "
             f"({len(job.exited)} of {np} exited{job.describe_missing()}): {finished.error}"
         )
     if now > job.backend_finished_at + settings.report_grace:
         missing = sorted(set(range(np)) - set(job.exited))
-        raise BackendError(
+        return BackendError(
             f"the {backend.name} backend finished but ranks {', '.join(map(str, missing))} "
             f"never reported their exit within {settings.report_grace:g}s of it; their output "
             "was lost on the way to the driver"
         )
+    return None
 
 
-def _outcome(job: JobRecord) -> bytes:
+def _outcome(job: JobRecord) -> Outcome:
     if job.rank_failed():
         failures, stopped, unreported = job.failures()
         if failures:
-            raise WorkerFailedError(failures[0], failures, stopped, unreported)
+            return Outcome(error=WorkerFailedError(failures[0], failures, stopped, unreported))
     if job.result is None:
-        raise BackendError(
+        return Outcome(error=BackendError(
             "every rank exited with status 0 but rank 0 sent no return value; "
             "was the worker replaced by another program?"
-        )
-    return job.result.payload
+        ))
+    return Outcome(value=job.result.payload)
 
 
 def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextIO) -> None:
@@ -287,12 +341,18 @@ def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextI
             out.flush()
     elif isinstance(message, WorkerStarted):
         job.started[message.rank] = message.host
+        log.info("job %s: rank %d started on %s (%d of %d, %.1fs)", job.job_id, message.rank,
+                 message.host, len(job.started), job.np, time.monotonic() - job.t0)
     elif isinstance(message, WorkerResult):
         job.result = message
     elif isinstance(message, WorkerError):
         job.errors.setdefault(message.rank, message)
     elif isinstance(message, WorkerExited):
         job.exited[message.rank] = message
+        log.info("job %s: rank %d on %s exited with %d%s (%d of %d, %.1fs)", job.job_id,
+                 message.rank, message.host, message.exit_code,
+                 " (stopped)" if message.stopped else "", len(job.exited), job.np,
+                 time.monotonic() - job.t0)
     elif isinstance(message, BackendFinished):
         job.backend_finished, job.backend_finished_at = message, time.monotonic()
     elif isinstance(message, RankDisconnected):

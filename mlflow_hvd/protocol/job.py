@@ -43,4 +43,5 @@ class JobSpec:
     stop_grace: float = 5.0
     gloo_iface: str | None = None
     pooled: bool = False
+    log_level: str = ""  # the driver's lifecycle log level for agents and ranks ("": off)
     idle_timeout: float = 3600.0

@@ -7,12 +7,15 @@ that its whole tree can be ended.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -55,18 +58,98 @@ def http_ok(url: str) -> bool:
         return bool(r.status == 200)
 
 
-def stop_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """SIGTERM the process's session, then SIGKILL after ``grace`` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def stop_group(proc: subprocess.Popen[Any], grace: float = 10.0, gone_within: float = 30.0
+               ) -> None:
+    """SIGTERM the process's session, SIGKILL it after ``grace`` seconds, and return only once
+    every process of the session is gone (a port it held is free again).
+
+    Raises:
+        TimeoutError: Something of the session survived ``gone_within`` seconds of SIGKILL.
+    """
+    pgid = proc.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    proc.wait(timeout=gone_within)  # the leader: reaped here
+    wait_until(lambda: not _group_alive(pgid), gone_within, f"the processes of session {pgid}")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Program:
+    """A subprocess in its own session whose stdout is read as it comes, by a thread, so that
+    every wait on it has a deadline; ended with its whole session on every exit path (use it
+    as a context manager)."""
+
+    def __init__(self, cmd: Sequence[str], **popen: Any) -> None:
+        self.proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True, **popen)
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def _next(self, deadline: float) -> str | None:
+        """The next line; None at the end of output; TimeoutError past ``deadline``."""
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            return self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError from None
+
+    def wait_for_line(self, needle: str, timeout: float) -> str:
+        """Read until a line containing ``needle``; fail after ``timeout`` seconds or at the end
+        of the output, naming the last lines read."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._next(deadline)
+            except TimeoutError:
+                raise AssertionError(f"no line with {needle!r} within {timeout:g}s; last lines: "
+                                     f"{self.lines[-20:]}") from None
+            if line is None:
+                raise AssertionError(f"the program ended (exit {self.proc.wait(10)}) without a "
+                                     f"line with {needle!r}; last lines: {self.lines[-20:]}")
+            self.lines.append(line)
+            if needle in line:
+                return line
+
+    def finish(self, timeout: float) -> int:
+        """Read the rest of the output and the exit status within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._next(deadline)
+            except TimeoutError:
+                raise AssertionError(f"the program did not end within {timeout:g}s; last "
+                                     f"lines: {self.lines[-20:]}") from None
+            if line is None:
+                return self.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            self.lines.append(line)
+
+    def __enter__(self) -> Program:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            stop_group(self.proc, grace=5)
+        else:  # the leader is gone; its session's other processes must be too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def start(cmd: Sequence[str], log: Path,
@@ -82,22 +165,36 @@ def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int 
     locations: clients upload and download through the server, no shared disk).
 
     ``port``: reuse a port (a server restarted on the same store), default a free one.
-    ``wait=False`` returns at once (start other services meanwhile), then call
+    ``mlflow server`` takes a port number, not a bound socket, so a free port can be taken by
+    someone else before the server binds it: with ``wait`` a server that exits because its
+    port is in use is started again on another free port (three tries). ``wait=False``
+    returns at once (start other services meanwhile), then call
     :func:`wait_for_mlflow_server`."""
     root.mkdir(parents=True, exist_ok=True)
-    port = port or free_port(host)
-    proc = start(
-        [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root}/server.db",
-         "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
-         "--allowed-hosts", f"{host}:{port},{host},localhost:{port},localhost",
-         "--workers", "1"],
-        root / "server.log",
-    )
-    url = f"http://{host}:{port}"
-    if wait:
-        wait_for_mlflow_server(proc, url, timeout)
-    return proc, url
+    for attempt in range(3):
+        chosen = port or free_port(host)
+        log = root / "server.log"
+        seen = log.stat().st_size if log.exists() else 0
+        proc = start(
+            [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(chosen),
+             "--backend-store-uri", f"sqlite:///{root}/server.db",
+             "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
+             "--allowed-hosts", f"{host}:{chosen},{host},localhost:{chosen},localhost",
+             "--workers", "1"],
+            log,
+        )
+        url = f"http://{host}:{chosen}"
+        if not wait:
+            return proc, url
+        try:
+            wait_for_mlflow_server(proc, url, timeout)
+        except RuntimeError:
+            clash = "address already in use" in log.read_text(errors="replace")[seen:].lower()
+            if port is not None or not clash or attempt == 2:
+                raise
+            continue
+        return proc, url
+    raise AssertionError("unreachable: the loop returns or raises")
 
 
 def wait_for_mlflow_server(proc: subprocess.Popen[bytes], url: str, timeout: float = 90.0

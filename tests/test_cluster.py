@@ -23,7 +23,7 @@ import mlflow
 import pytest
 from cluster import NODE_IFACE, OPT_OUT, Cluster, ClusterUnavailable, two_node_cluster
 from conftest import REPO
-from services import applications, wait_until
+from services import Program, applications, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 TESTS = Path(__file__).resolve().parent
@@ -32,6 +32,8 @@ TESTS = Path(__file__).resolve().parent
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     if os.environ.get(OPT_OUT) == "1":
+        if os.environ.get("CI"):
+            pytest.fail(f"{OPT_OUT}=1 is for local runs only: CI runs the cluster tests")
         pytest.skip(f"{OPT_OUT}=1: this machine opted out of the namespace cluster tests")
     try:
         with two_node_cluster() as c:
@@ -171,8 +173,9 @@ def test_mlflow_run_on_the_cluster_stores_everything_through_the_server(
     assert accuracy > 0.5, accuracy
 
 
-class Driver:
-    """A driver subprocess whose output is read as it comes (to act mid-job)."""
+class Driver(Program):
+    """A driver subprocess whose output is read as it comes (to act mid-job), with deadlines;
+    use it in a ``with`` block so that it and its ranks end on every exit path."""
 
     def __init__(self, cluster: Cluster, body: str, cwd: Path, **env: str) -> None:
         script = "\n".join([
@@ -187,28 +190,13 @@ class Driver:
             "    print('RESULT ' + json.dumps({'error': type(exc).__name__, 'message': str(exc),",
             "                                 'run_id': runner.last_run_id}), flush=True)",
         ])
-        self.proc = subprocess.Popen([sys.executable, "-c", script], cwd=cwd,
-                                     env=cluster.driver_env(**env), stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
-        self.lines: list[str] = []
-
-    def wait_for_line(self, needle: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            if needle in line:
-                return
-        raise AssertionError(f"driver never printed {needle!r}; got {self.lines[-20:]}")
+        super().__init__([sys.executable, "-c", script], cwd=cwd,
+                         env=cluster.driver_env(**env), stderr=subprocess.DEVNULL)
 
     def result(self, timeout: float) -> Any:
-        out, _ = self.proc.communicate(timeout=timeout)
-        self.lines += out.splitlines()
+        code = self.finish(timeout)
         found = [ln for ln in self.lines if ln.startswith("RESULT ")]
-        assert found, f"no result; exit {self.proc.returncode}; output {self.lines[-20:]}"
+        assert found, f"no result; exit {code}; output {self.lines[-20:]}"
         return json.loads(found[-1][len("RESULT "):])
 
 
@@ -219,16 +207,16 @@ def _no_rank_left(cluster: Cluster) -> None:
 
 def test_a_worker_node_lost_mid_job_fails_the_run_clearly(cluster: Cluster, client: Any,
                                                           tmp_path: Path) -> None:
-    driver = Driver(cluster, "runner.run(workers.sleep_after_init)", tmp_path)
-    for _ in range(4):  # every rank joined the job
-        driver.wait_for_line(" up", 240)
-    t0 = time.monotonic()
-    cluster.kill_node("node-b")
-    try:
-        out = driver.result(timeout=180)
-        elapsed = time.monotonic() - t0
-    finally:
-        cluster.restart_node("node-b")
+    with Driver(cluster, "runner.run(workers.sleep_after_init)", tmp_path) as driver:
+        for _ in range(4):  # every rank joined the job
+            driver.wait_for_line(" up", 240)
+        t0 = time.monotonic()
+        cluster.kill_node("node-b")
+        try:
+            out = driver.result(timeout=180)
+            elapsed = time.monotonic() - t0
+        finally:
+            cluster.restart_node("node-b")
     assert elapsed < 120, elapsed
     assert out["error"] in {"WorkerFailedError", "BackendError"}, out
     assert "on node-b" in out["message"], out["message"]
@@ -286,24 +274,24 @@ def test_a_rank_killed_on_node_b_and_the_run_resumed(cluster: Cluster, client: A
         runner.run(digits_keras.train, epochs=4, log_model=False)
         print('RESULT ' + json.dumps({{'ok': True}}), flush=True)
     """
-    driver = Driver(cluster, body, tmp_path, MLFLOW_RUN_ID=run_id)
-    driver.wait_for_line("<log>: epoch 2/4", 400)  # epoch index 1 ended...
-    # ...and its checkpoint is on the server (it is queued when the line prints; the
-    # victim may be rank 0 itself, whose queue a SIGKILL takes with it)
-    wait_until(lambda: len(client.get_metric_history(run_id, "loss")) >= 2, 120,
-               "epoch index 1's metrics and checkpoint on the server")
-    victims = cluster.rank_pids("node-b")
-    assert len(victims) == 2, victims  # two ranks per node
-    os.kill(victims[0], signal.SIGKILL)
-    out = driver.result(timeout=180)
+    with Driver(cluster, body, tmp_path, MLFLOW_RUN_ID=run_id) as driver:
+        driver.wait_for_line("<log>: epoch 2/4", 400)  # epoch index 1 ended...
+        # ...and its checkpoint is on the server (it is queued when the line prints; the
+        # victim may be rank 0 itself, whose queue a SIGKILL takes with it)
+        wait_until(lambda: len(client.get_metric_history(run_id, "loss")) >= 2, 120,
+                   "epoch index 1's metrics and checkpoint on the server")
+        victims = cluster.rank_pids("node-b")
+        assert len(victims) == 2, victims  # two ranks per node
+        os.kill(victims[0], signal.SIGKILL)
+        out = driver.result(timeout=180)
     assert out["error"] == "WorkerFailedError", out
     assert "on host node-b failed (killed by signal SIGKILL) [root cause]" in out["message"]
     assert client.get_run(run_id).info.status == "FAILED"
     done = client.get_metric_history(run_id, "loss")
     assert len(done) >= 2
 
-    resumed = Driver(cluster, body, tmp_path, MLFLOW_RUN_ID=run_id)
-    assert resumed.result(timeout=600) == {"ok": True}
+    with Driver(cluster, body, tmp_path, MLFLOW_RUN_ID=run_id) as resumed:
+        assert resumed.result(timeout=600) == {"ok": True}
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow_hvd.resumed_from"].startswith(f"{run_id}@epoch_")

@@ -18,7 +18,7 @@ import mlflow
 import pytest
 import workers
 from conftest import assert_no_workers_left
-from services import wait_until
+from services import Program, wait_until
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError
 
@@ -69,28 +69,15 @@ def test_a_signal_to_the_driver_ends_the_run_killed_and_leaves_no_files(
         "except KeyboardInterrupt as exc:\n"
         "    print('interrupted', type(exc).__name__, r.last_run_id, flush=True)\n",
     )
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "TMPDIR": str(tmpdir)},
-    )
-    assert proc.stdout is not None
-    try:
-        deadline = time.monotonic() + 120
-        seen = 0
-        while seen < 2:  # both ranks are up
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, "driver ended before the ranks started"
-            seen += "<log>: ready" in line
+    with Program([sys.executable, str(script)], cwd=tmp_path,
+                 env={**os.environ, "TMPDIR": str(tmpdir)}) as driver:
+        for _ in range(2):  # both ranks are up
+            driver.wait_for_line("<log>: ready", 120)
         assert len(_scratch(tmpdir)) == 1  # the job's payload directory
-        proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:  # a failed test must not leave the driver and its ranks
-            proc.kill()  # its ranks die with it (parent-death signal)
-            proc.wait(timeout=30)
+        driver.proc.send_signal(sig)
+        driver.finish(60)
+        proc = driver.proc
+        out = "\n".join(driver.lines)
     assert_no_workers_left()
     if sig == signal.SIGKILL:  # nothing runs in the driver: its directory stays, until...
         (orphan,) = _scratch(tmpdir)

@@ -46,9 +46,13 @@ def test_sweep_of_three_spark_trials(store: str, spark: Any) -> None:
     assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] == best_id == result.best_run_id
     best_child = client.get_run(best_id)
     # sampled params, np and the function's other arguments: columns shared with plain runs
-    assert best_child.data.params == {
-        "np": "2", "fail_marker": "", **{k: str(v) for k, v in result.best_params.items()}
-    }
+    params = best_child.data.params
+    assert sorted(params) == ["fail_marker", "np", "x", "y"]
+    assert (params["np"], params["fail_marker"]) == ("2", "")
+    # the params logged are the ones the trial ran with: its loss follows from them
+    x, y = float(params["x"]), int(params["y"])
+    assert losses[best_id] == pytest.approx((x - 0.3) ** 2 + y / 10.0)
+    assert result.best_params == {"x": pytest.approx(x), "y": y}
     assert parent.data.params["best_x"] == best_child.data.params["x"]
     assert parent.data.params["best_y"] == best_child.data.params["y"]
     assert parent.data.metrics["best_val_loss"] == pytest.approx(losses[best_id])

@@ -22,6 +22,15 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# Count the processes that import TensorFlow (tests/audit/sitecustomize.py); printed at the end.
+_TF_LOG = Path(os.environ.setdefault(
+    "MLFLOW_HVD_TEST_TF_LOG", f"{os.environ.get('TMPDIR', '/tmp')}/mlflow-hvd-tf-{os.getpid()}.log"
+))
+_TF_LOG.unlink(missing_ok=True)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO / "tests" / "audit"), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
@@ -92,6 +101,15 @@ def store(tmp_path: Path) -> Iterator[str]:
     mlflow.set_tracking_uri(uri)
     yield uri
     mlflow.set_tracking_uri(old)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    lines = _TF_LOG.read_text().splitlines() if _TF_LOG.exists() else []
+    ranks = sum("rank/worker.py" in line or "rank.worker" in line for line in lines)
+    terminalreporter.write_line(
+        f"TensorFlow was imported by {len(lines)} processes of this session ({ranks} of them "
+        f"rank workers); list: {_TF_LOG}"
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,0 +1,25 @@
+"""Counts the processes of a test session that import TensorFlow (the suite's main cost).
+
+``tests/conftest.py`` puts this directory on ``PYTHONPATH`` and names a file in
+``MLFLOW_HVD_TEST_TF_LOG``; every Python process started under the session (the pytest
+process, local ranks, Spark's Python workers and their ranks, drivers started by tests)
+then appends one line to it when it first imports ``tensorflow``.
+"""
+
+import os
+import sys
+
+_LOG = os.environ.get("MLFLOW_HVD_TEST_TF_LOG")
+
+
+class _FirstTensorFlowImport:
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "tensorflow" and _LOG:
+            sys.meta_path.remove(self)
+            with open(_LOG, "a") as log:
+                log.write(f"{os.getpid()} {' '.join(sys.argv)[:160]}\n")
+        return None  # the normal import goes on
+
+
+if _LOG:
+    sys.meta_path.insert(0, _FirstTensorFlowImport())

@@ -327,7 +327,7 @@ class HorovodRunner:
 
     def prepare(self) -> None:
         """Start what ``run`` needs ahead of it: with ``np > 0`` and no SparkSession yet,
-        Spark's JVM boots in a background thread (5-12 s) while the caller goes on with
+        Spark's JVM boots in a background thread while the caller goes on with
         other start-up work (imports, MLflow). ``run`` calls it itself, so calling it early
         only saves time. A wrong or unreachable master is refused at once.
 

@@ -59,19 +59,19 @@ def run_worker(launch: WorkerLaunch, sink: Sink, stop: threading.Event) -> Worke
         start_new_session=True,
     )
     lines: queue.Queue[object] = queue.Queue()
-    relays = _start_relays(proc, launch, lines, sink)
+    threads = _start_output_threads(proc, launch, lines, sink)
     stopped = False
     try:
         _write_bootstrap(proc, launch.bootstrap)
         ended, stopped = _wait(proc, stop, launch.stop_grace)
     finally:
         code = terminate_group(proc, launch.stop_grace)
-        *pumps, sender = relays
+        *pumps, sender = threads
         for p in pumps:
             p.join(timeout=PUMP_JOIN)
         lines.put(EOF)
         sender.join(timeout=SENDER_JOIN)
-        for thread in relays:
+        for thread in threads:
             if thread.is_alive():
                 sys.stderr.write(f"mlflow_hvd: {thread.name} of rank {launch.rank} still "
                                  "running after the worker ended; its last output may be "
@@ -132,7 +132,7 @@ class _ExitWatch:
             self._fd = None
 
 
-def _start_relays(
+def _start_output_threads(
     proc: subprocess.Popen[bytes], launch: WorkerLaunch, lines: queue.Queue[object], sink: Sink
 ) -> list[threading.Thread]:
     """One pump thread per output stream, then the sender thread (last in the list)."""

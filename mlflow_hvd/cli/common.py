@@ -92,10 +92,11 @@ def exit_now(status: int) -> NoReturn:
     """End an entry point's process with ``status`` at once, once its output is flushed.
 
     When ``main`` returns, the run is stored and ended (the runner does it within its
-    deadlines); a normal interpreter exit with pyspark, py4j and MLflow loaded took another
-    1.6-1.8 s here, which ``mlflow run`` waits for. ``atexit`` hooks do not run, as in the
-    ranks; an embedded SparkSession's JVM stops by itself when its stdin closes. Errors
-    other than a stop (``exit_status``) still leave the normal way, with their traceback.
+    deadlines); a normal interpreter exit with pyspark, py4j and MLflow loaded takes
+    seconds more (README, Benchmarks), which ``mlflow run`` would wait for. ``atexit`` hooks
+    do not run, as in the ranks; an embedded SparkSession's JVM stops by itself when its
+    stdin closes. Errors other than a stop (``exit_status``) still leave the normal way,
+    with their traceback.
     """
     sys.stdout.flush()
     sys.stderr.flush()

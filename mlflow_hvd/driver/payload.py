@@ -82,8 +82,8 @@ def _is_user_module(module: Any) -> bool:
 
 @functools.cache
 def _is_user_path(path: str) -> bool:
-    """Whether a module file is user code (cached: with TensorFlow loaded there are 5,000
-    modules, and resolving their paths took 0.2-0.4 s per ``run``)."""
+    """Whether a module file is user code (cached: with TensorFlow loaded there are
+    thousands of modules, and resolving every path on each ``run`` is measurable)."""
     path = os.path.realpath(path)
     if "site-packages" in path or "dist-packages" in path:
         return False

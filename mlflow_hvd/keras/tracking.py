@@ -10,7 +10,7 @@ import keras
 from mlflow_hvd.common import scratch
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.rank.context import attempt
-from mlflow_hvd.rank.tracking import api as tracking
+from mlflow_hvd.rank.tracking import api as tracking_api
 from mlflow_hvd.rank.tracking import checkpoints
 
 
@@ -44,7 +44,7 @@ class MlflowCallback(keras.callbacks.Callback):
         self._logged_up_to = -1  # a restarted attempt skips steps its predecessor logged
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if not tracking.is_logging_rank():
+        if not tracking_api.is_logging_rank():
             return
         p = self.params or {}
         opt = self.model.optimizer
@@ -58,9 +58,10 @@ class MlflowCallback(keras.callbacks.Callback):
             params["opt_learning_rate"] = float(keras.ops.convert_to_numpy(opt.learning_rate))
         params.update(self.extra_params)
         if self.log_every_n_steps and attempt() > 0:  # a restart: its predecessor logged
-            self._logged_up_to = tracking.max_logged_step("step_")
+            self._logged_up_to = tracking_api.max_logged_step("step_")
         # keep_existing: a resumed run keeps the values of its first attempt
-        tracking.log_params({k: v for k, v in params.items() if v is not None}, keep_existing=True)
+        tracking_api.log_params({k: v for k, v in params.items() if v is not None},
+                                keep_existing=True)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._steps_per_epoch = int((self.params or {}).get("steps") or 0)
@@ -74,22 +75,22 @@ class MlflowCallback(keras.callbacks.Callback):
             and logs
             and self._global_step % n == 0
             and self._global_step > self._logged_up_to
-            and tracking.is_logging_rank()
+            and tracking_api.is_logging_rank()
         ):
             # values go to the queue as they are; the logging thread converts them
-            tracking.log_batch_metrics(
+            tracking_api.log_batch_metrics(
                 {f"step_{k}": v for k, v in logs.items()}, step=self._global_step
             )
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if not tracking.is_logging_rank():
+        if not tracking_api.is_logging_rank():
             return
         metrics = {k: float(v) for k, v in (logs or {}).items()}
         if self.checkpoint:
             # metrics and the resume point in one write: a resume repeats and skips nothing
             checkpoints.save(self.model, epoch, self._global_step, metrics, log_metrics=True)
         else:
-            tracking.log_metrics(metrics, step=epoch)
+            tracking_api.log_metrics(metrics, step=epoch)
 
 
 def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> int:
@@ -106,7 +107,7 @@ def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> in
             "optimizer's state too"
         )
     initial_epoch = 0
-    target = tracking.tracking_target()
+    target = tracking_api.tracking_target()
     source = run_id or (target.run_id if target else None)
     known_empty = (  # the driver read the job's run just before: no checkpoint in it
         target is not None and source == target.run_id and target.facts is not None
@@ -120,7 +121,7 @@ def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> in
             with scratch.owned_dir("restore") as tmp:
                 model.load_weights(checkpoints.download(ref, tmp, uri))
             initial_epoch = ref.epoch + 1
-            tracking.set_tag("mlflow_hvd.resumed_from", f"{ref.run_id}@epoch_{ref.epoch}")
+            tracking_api.set_tag("mlflow_hvd.resumed_from", f"{ref.run_id}@epoch_{ref.epoch}")
     if hvd.size() > 1:
         initial_epoch = int(hvd.broadcast_object(initial_epoch, root_rank=0))
     return initial_epoch

@@ -52,7 +52,7 @@ class TrackingTarget:
     run_id: str
     experiment_id: str
     system_metrics: bool = False
-    drain_timeout: float = 30.0  # seconds rank 0 delivers what is queued after ``main``
+    tracking_timeout: float = 30.0  # HorovodRunner(tracking_timeout): rank 0's final delivery
     # What the driver read of the run just before this attempt, so that rank 0 need not ask
     # the server before training (None: unknown, rank 0 asks)
     facts: RunFacts | None = None

@@ -71,7 +71,7 @@ def install() -> bool:
     guard was already installed.
 
     Costs nothing until one of them is imported: only then is the installed Keras version
-    read. Reading package metadata took 0.2-0.3 s in a Spark task, whose ``sys.path`` holds
+    read: reading package metadata scans every ``sys.path`` entry, and a Spark task's holds
     zip archives, on every rank's way to ``main``.
     """
     if any(isinstance(f, _Refuse) for f in sys.meta_path):

@@ -45,7 +45,7 @@ from mlflow_hvd.protocol.messages import (
     WorkerStarted,
 )
 from mlflow_hvd.rank import context, keras_guard
-from mlflow_hvd.rank.tracking import api as tracking
+from mlflow_hvd.rank.tracking import api as tracking_api
 
 EXIT_USER_ERROR = 1
 EXIT_ORPHANED = 70
@@ -106,7 +106,7 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes) 
         context.install(client, rank, payload.attempt)
         code_sources.restore([main_fn, kwargs], payload.code.code_files, payload.code.code_texts)
         local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
-        tracking.configure(payload.tracking, rank, local_rank, host)
+        tracking_api.configure(payload.tracking, rank, local_rank, host)
         try:
             value = main_fn(**kwargs)
         except SystemExit as exc:
@@ -133,8 +133,8 @@ def _end_pooled_job() -> None:
     collected, then the end-of-job mark on both streams after everything the job printed.
 
     What survives a job (imported modules, caches) is frozen out of the garbage collector
-    (``gc.freeze``): a full collection over TensorFlow's half a million objects took
-    0.3-0.6 s per job, over what the last job left behind it takes 0.02 s. The cost: an
+    (``gc.freeze``): a full collection over TensorFlow's objects would otherwise cost a
+    noticeable share of every job (README, "Warm ranks"). The cost: an
     object alive now that later becomes garbage *inside a reference cycle* (say a global
     the next job replaces) is not collected; without cycles, reference counting still
     frees it.
@@ -175,7 +175,7 @@ def _finish_tracking(client: ChannelClient, strict: bool, timeout: float | None 
         TrackingError: With ``strict``, records the store refused (not an outage).
     """
     try:
-        undelivered, refusal = tracking.shutdown(timeout)
+        undelivered, refusal = tracking_api.shutdown(timeout)
     except Exception as exc:  # tracking itself broke: say so, never hide it
         if strict:
             raise
@@ -223,7 +223,7 @@ def _report(client: ChannelClient, rank: int, host: str, exc: BaseException) -> 
 def _leave(code: int) -> None:
     """End the process now: the outcome and every log are delivered.
 
-    Skips the interpreter's teardown (1-1.6 s with TensorFlow and MLflow loaded), so
+    Skips the interpreter's teardown (slow with TensorFlow and MLflow loaded), so
     ``atexit`` hooks do not run in ranks, as in ``multiprocessing`` children: put cleanup
     in a ``finally`` inside ``main``. Horovod is shut down first on success (its peers
     finish the same way); a failed rank leaves at once, because Horovod's shutdown would

@@ -1,9 +1,8 @@
 """How the driver JVM of a SparkSession that mlflow_hvd creates itself starts fast.
 
-Measured here (2 cores, Java 17, pyspark 4.3): a new ``local[2]`` session took 10.5-11.8 s
-to start, burning 16-18 s of CPU, most of it loading and verifying Spark's classes and
-compiling them with C2 while the ranks, started right after, import TensorFlow on the same
-cores. Two standard HotSpot options cut that to 4.7-5.1 s and 5 s of CPU:
+A new ``local[N]`` session spends most of its start, and much CPU, loading and verifying
+Spark's classes and compiling them with C2 while the ranks, started right after, import
+TensorFlow on the same cores. Two standard HotSpot options halve it (README, Benchmarks):
 
 * a class-data-sharing archive (AppCDS, JDK 13+) of the classes Spark loads while starting
   a session and running a barrier job, built once per Java + Spark installation by

@@ -56,8 +56,8 @@ def resolve_master(np: int, spark_master: str | None = None, timeout: float = 30
 
 
 def new_session(master: str) -> Any:
-    """A new SparkSession on ``master``. Starts Spark's driver JVM: 10-12 s here, 5 s with
-    the start-up options of :mod:`.jvm` (a class-data archive and the C1-only JIT)."""
+    """A new SparkSession on ``master``. Starts Spark's driver JVM with the start-up options
+    of :mod:`.jvm` (a class-data archive and the C1-only JIT)."""
     from pyspark.sql import SparkSession
 
     builder = (

@@ -1,13 +1,14 @@
-"""Driver side of rank 0's tracking writes (:mod:`.sender`): the driver, which owns the
-run, makes the MLflow calls for the records rank 0 sends it.
+"""Driver side of rank 0's tracking writes (:mod:`mlflow_hvd.rank.tracking.sender`): the
+driver, which owns the run, makes the MLflow calls for the records rank 0 sends it.
 
 Each :class:`~mlflow_hvd.protocol.messages.TrackingWrite` is answered with a
 :class:`~mlflow_hvd.protocol.messages.TrackingWritten`: stored, a refusal, or an outage (rank 0 then
 keeps the records, spilling to disk, and sends them again with backoff; see
-:mod:`.delivery`). MLflow's HTTP client retries for minutes by default, and the driver's
-environment is the user's, so the driver does not wait for it to give up: it answers
-"outage" as soon as the server stops accepting connections (a TCP probe before each call
-and every ``PROBE_EVERY`` seconds during it), or when a call takes ``timeout`` seconds.
+:mod:`mlflow_hvd.rank.tracking.delivery`). MLflow's HTTP client retries for minutes by
+default, and the driver's environment is the user's, so the driver does not wait for it to
+give up: it answers "outage" as soon as the server stops accepting connections (a TCP probe
+before each call and every ``PROBE_EVERY`` seconds during it), or when a call takes
+``timeout`` seconds.
 Such a call is left to finish in the background, and until it has, later writes are
 answered "outage" at once: at most one call per job is in flight, so records reach the
 store in the order rank 0 sent them (a batch sent again is deduplicated by MLflow). Hence

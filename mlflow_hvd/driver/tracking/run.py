@@ -105,13 +105,13 @@ def driver_run(
     np: int,
     backend: Mapping[str, str],
     system_metrics: bool = False,
-    bookkeeping_timeout: float = 30.0,
+    tracking_timeout: float = 30.0,
     undelivered_dir: str | None = None,
 ) -> Iterator[TrackingTarget]:
     """Resolve or start the job's MLflow run; end it with the right status if we started it.
 
     Ending the run (status, failure tags, ``error.txt``) has one deadline,
-    ``bookkeeping_timeout`` seconds: against an unreachable tracking server the job's own
+    ``tracking_timeout`` seconds: against an unreachable tracking server the job's own
     outcome is returned or raised after at most that long, with a warning naming what was
     not recorded. A bookkeeping error never replaces the job's error.
 
@@ -142,11 +142,11 @@ def driver_run(
         run_id=run_id,
         experiment_id=run.info.experiment_id,
         system_metrics=system_metrics,
-        drain_timeout=bookkeeping_timeout,
+        tracking_timeout=tracking_timeout,
         facts=facts,
         local_artifacts=make_local_artifact_dir(run.info.artifact_uri),
     )
-    ending = _Ending(client, target, owned, bookkeeping_timeout,
+    ending = _Ending(client, target, owned, tracking_timeout,
                      undelivered_dir or undelivered.default_root())
     try:
         yield target

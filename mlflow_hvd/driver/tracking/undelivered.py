@@ -3,8 +3,8 @@
 A bundle is a directory ``<root>/<run_id>/``::
 
     bundle.json     {"run_id": ..., "tracking_uri": ...}
-    records.jsonl   the records, in order (see :mod:`.records`); artifact records name
-                    files relative to the bundle
+    records.jsonl   the records, in order (:mod:`mlflow_hvd.protocol.records`); artifact
+                    records name files relative to the bundle
     files/...       the artifact files
 
 Rank 0's leftovers (:class:`~mlflow_hvd.protocol.messages.UndeliveredTracking`) and the driver's own

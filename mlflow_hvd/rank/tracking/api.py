@@ -10,7 +10,8 @@ caller may delete its file) and checkpoints become ordered records that a backgr
 delivers (:mod:`.delivery`), buffering them through a tracking-server outage. :func:`flush`
 waits for what was queued; the worker delivers what is left before it exits, within the
 job's ``tracking_timeout``, and hands anything undelivered to the driver, which saves it for
-replay (:mod:`.replay`). Only :func:`log_model` talks to the server synchronously.
+replay (:mod:`mlflow_hvd.driver.tracking.replay`). Only :func:`log_model` talks to the
+server synchronously.
 
 Outside a HorovodRunner job (no tracking target) every function is a no-op.
 """
@@ -118,7 +119,7 @@ class _RankLogger:
         return False
 
     def flush(self, timeout: float | None = None) -> None:
-        self.delivery.flush(self.target.drain_timeout if timeout is None else timeout)
+        self.delivery.flush(self.target.tracking_timeout if timeout is None else timeout)
 
     def close(self, timeout: float, host: str) -> tuple[UndeliveredTracking | None, str]:
         try:
@@ -177,7 +178,7 @@ def shutdown(timeout: float | None = None) -> tuple[UndeliveredTracking | None, 
                              f"(its last samples may be missing): {exc}\n")
     if logger is None:
         return None, ""
-    return logger.close(logger.target.drain_timeout if timeout is None else timeout, _host)
+    return logger.close(logger.target.tracking_timeout if timeout is None else timeout, _host)
 
 
 def _start_system_metrics(target: TrackingTarget, host: str) -> Any:

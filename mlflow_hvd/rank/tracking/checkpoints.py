@@ -22,7 +22,7 @@ from mlflow_hvd.protocol.checkpoint_layout import (
     model_path,
     parse,
 )
-from mlflow_hvd.rank.tracking import api as tracking
+from mlflow_hvd.rank.tracking import api as tracking_api
 
 __all__ = ["LATEST_TAG", "CheckpointRef", "download", "latest", "save"]
 
@@ -40,7 +40,7 @@ def save(
     ``log_batch`` as the tag, so metrics and the resume point always agree. A no-op on
     other ranks (the :mod:`mlflow_hvd.tracking` gate).
     """
-    if not tracking.is_logging_rank():
+    if not tracking_api.is_logging_rank():
         return
     with scratch.owned_dir("ckpt") as tmp:
         local_model = os.path.join(tmp, MODEL_FILE)
@@ -48,9 +48,9 @@ def save(
         metrics_path = os.path.join(tmp, METRICS_FILE)
         with open(metrics_path, "w") as f:
             json.dump({**metrics, "epoch": epoch, "global_step": global_step}, f)
-        tracking.log_artifact(local_model, epoch_dir(epoch))
-        tracking.log_artifact(metrics_path, epoch_dir(epoch))
-    tracking.commit(metrics if log_metrics else {}, epoch, {LATEST_TAG: model_path(epoch)})
+        tracking_api.log_artifact(local_model, epoch_dir(epoch))
+        tracking_api.log_artifact(metrics_path, epoch_dir(epoch))
+    tracking_api.commit(metrics if log_metrics else {}, epoch, {LATEST_TAG: model_path(epoch)})
 
 
 def latest(run_id: str, tracking_uri: str | None = None) -> CheckpointRef | None:

@@ -2,10 +2,10 @@
 training, surviving an outage.
 
 Training threads only :meth:`Delivery.put` records; one background thread sends them in
-order (:mod:`.records`). While the server is unreachable the thread keeps the records,
-up to ``memory_limit`` in memory and the rest appended to a spill file in the rank's scratch
-directory, and retries with backoff; when the server is back everything is delivered in
-order. A batch whose answer was lost is sent again, which MLflow deduplicates.
+order (:mod:`mlflow_hvd.protocol.records`). While the server is unreachable the thread keeps
+the records, up to ``memory_limit`` in memory and the rest appended to a spill file in the
+rank's scratch directory, and retries with backoff; when the server is back everything is
+delivered in order. A batch whose answer was lost is sent again, which MLflow deduplicates.
 
 A record the server *refuses* (not an outage: e.g. a run that is no longer active) is
 dropped with its count and the first error, raised by the next :meth:`flush`.

@@ -1,7 +1,7 @@
 """The pip requirements of a logged Keras model, read from what this process has installed.
 
 ``mlflow.tensorflow.log_model`` otherwise infers them by loading the saved model again in a
-subprocess (about 7 s per model on 2 cores). The environment that trained the model is
+subprocess, seconds per model. The environment that trained the model is
 known: its installed versions are the answer that inference would find.
 """
 

@@ -2,11 +2,12 @@
 
 Metric, param and tag batches and checkpoint commits go to the driver, as a
 :class:`~mlflow_hvd.protocol.messages.TrackingWrite` on a channel connection of their own; the
-driver, which owns the run, makes the MLflow call (:mod:`.relay`) and answers once the store
+driver, which owns the run, makes the MLflow call
+(:mod:`mlflow_hvd.driver.tracking.relay`) and answers once the store
 took them. For each batch rank 0 then spends a pickle and a socket round trip instead of
 running MLflow's client (SQLAlchemy, or protobuf, JSON and HTTP) on the training process's
-CPU and under its GIL, which cost 6-13% of a small model's step time when logging every
-step (``benchmarks/logging_overhead.py``). Artifact files go from rank 0 straight to the
+CPU and under its GIL, a measurable share of a small model's step when logging every step
+(``benchmarks/logging_overhead.py``). Artifact files go from rank 0 straight to the
 artifact store (their bytes need not travel through the driver). Records stay in order: the
 delivery thread sends one batch at a time, whichever way it goes.
 

@@ -1,10 +1,9 @@
 """A logged Keras model's signature, read from the inputs and outputs the model declares.
 
 MLflow infers a signature only from an input example, by running the model on it (or from
-a prediction the caller makes): that traces Keras' predict function. In a warm sweep trial
-of the digits example, the time from ``evaluate`` to saving the model went from 0.33-0.55 s
-(a two-row prediction for ``infer_signature``) to 0.11-0.15 s with this. A model built on
-``keras.Input`` already declares the shape and dtype of what it takes and returns.
+a prediction the caller makes): that traces Keras' predict function, once per model. A
+model built on ``keras.Input`` already declares the shape and dtype of what it takes and
+returns, so no prediction is needed.
 """
 
 from __future__ import annotations

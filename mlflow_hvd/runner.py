@@ -88,6 +88,9 @@ class HorovodRunner:
 
         log_prefix: Put before every worker line shown on the driver (the sweep uses
             ``"[trial N]"``).
+        idle_timeout: Inside ``with runner:``, warm ranks that wait longer than this for
+            the next ``run`` are retired (their Spark slots freed); the next ``run`` starts
+            new ones.
 
     SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
     stopped, the Spark job group cancelled, the run ended KILLED, and
@@ -113,6 +116,7 @@ class HorovodRunner:
         undelivered_dir: str | None = None,
         max_failures: int = 0,
         log_prefix: str = "",
+        idle_timeout: float = 3600.0,
     ) -> None:
         self.num_processor = check_np(np)
         try:
@@ -131,6 +135,7 @@ class HorovodRunner:
             max_line_bytes=check_positive_int("max_line_bytes", max_line_bytes, 80),
             gloo_iface=gloo_iface,
             log_prefix=str(log_prefix),
+            idle_timeout=check_seconds("idle_timeout", idle_timeout),
         )
         self._slot_timeout = check_seconds("slot_timeout", slot_timeout)
         self._spark = spark
@@ -207,6 +212,8 @@ class HorovodRunner:
         failures: list[BaseException] = []
         record = target if self._max_failures > 0 else None  # attempts only when retrying
         for attempt in range(self._max_failures + 1):
+            log.info("attempt %d of %d of %s starts", attempt + 1, self._max_failures + 1,
+                     _name(main))
             if record is not None:
                 attempts.started(record, attempt, self._tracking_timeout,
                                  self._undelivered_root())

@@ -239,3 +239,22 @@ def test_driver_closing_mid_send_is_a_channel_error() -> None:
         client.send(WorkerStarted(0, "h"))
     t.join()
     listener.close()
+
+
+def test_a_request_the_driver_does_not_answer_in_time_is_a_channel_error() -> None:
+    from mlflow_hvd.protocol.messages import AwaitJob, Retire
+
+    release = threading.Event()
+    srv = ChannelServer(SECRET, lambda message: None, bind_host="127.0.0.1",
+                        on_request=lambda request: (release.wait(10), Retire())[1])
+    srv.start()
+    client = ChannelClient("127.0.0.1", srv.port, SECRET, timeout=5)
+    try:
+        with pytest.raises(ChannelError, match=(
+            rf"^the driver at 127.0.0.1:{srv.port} did not answer AwaitJob within 0.5s$"
+        )):
+            client.request(AwaitJob(0), timeout=0.5)
+    finally:
+        release.set()
+        client.close()
+        srv.stop()

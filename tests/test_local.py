@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
@@ -152,3 +153,26 @@ def test_tracebacks_name_the_script_and_the_notebook_cell_with_their_lines(
     assert f'  File "{script}", line 10, in train\n    return scale(0)\n' in out, out
     assert f'  File "{cell}", line 2, in scale\n    return 10 / x\n' in out, out
     assert "<dynamic-code>" not in out
+
+
+def test_the_lifecycle_log_follows_a_job_and_reaches_the_ranks(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger="mlflow_hvd")
+    out = HorovodRunner(np=-2, track=False, driver_log_verbosity="all").run(
+        workers.log_level_seen)
+    assert out == "INFO"  # the driver's level reached rank 0's process
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("mlflow_hvd.driver")]
+    job = said[0].split(":")[0]
+    assert said[0].startswith("job ") and ": starting 2 ranks on the local backend" in said[0]
+    assert sum(m.startswith(f"{job}: rank ") and " started on localhost " in m
+               for m in said) == 2
+    assert sum(m.startswith(f"{job}: rank ") and " exited with 0 " in m for m in said) == 2
+    assert said[-1].startswith(f"{job}: succeeded after ")
+
+
+def test_a_bad_log_level_names_the_variable() -> None:
+    from mlflow_hvd.common import logs
+
+    with pytest.raises(ValueError, match=r"^MLFLOW_HVD_LOG_LEVEL='loud' is not a logging level"):
+        logs.enable("loud")

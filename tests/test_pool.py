@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from typing import Any
@@ -102,4 +103,23 @@ def test_spark_pool_keeps_one_barrier_stage_and_frees_its_slots_on_error(spark: 
     assert first["sum"] == [1.0] and second["sum"] == [3.0]
     assert first["pids"] == second["pids"] and first["size"] == 2
     assert tracker.getActiveJobsIds() == []  # the slots are free again
+    assert_no_workers_left()
+
+
+def test_warm_ranks_idle_past_the_limit_are_retired_and_replaced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="mlflow_hvd")
+    runner = HorovodRunner(np=-2, track=False, idle_timeout=1)
+    with runner:
+        first = runner.run(workers.echo, x=1)
+        wait_until(lambda: worker_processes() == [], 30, "the idle ranks to be retired")
+        second = runner.run(workers.echo, x=2)
+        assert runner._pool is not None and runner._pool.generations == 2
+    assert (first["kwargs"], second["kwargs"]) == ({"x": 1}, {"x": 2})
+    said = [r.getMessage() for r in caplog.records if r.name == "mlflow_hvd.driver.pool"]
+    assert any(m.startswith("generation 1: rank ") and m.endswith(
+        " idle for 1s (idle limit): retiring its ranks") for m in said), said
+    assert any("generation 1 cannot take it (the warm ranks are expired)" in m for m in said), said
+    assert "generation 2: starting 2 ranks for job " in "\n".join(said)
     assert_no_workers_left()

@@ -6,8 +6,9 @@ import inspect
 import threading
 
 import pytest
+import workers
 
-from mlflow_hvd import ConfigurationError, HorovodRunner
+from mlflow_hvd import BackendError, ConfigurationError, HorovodRunner
 from mlflow_hvd.backends.spark.session import check_barrier_supported, expected_slots
 from mlflow_hvd.errors import SparkBarrierUnsupportedError
 
@@ -41,7 +42,9 @@ def test_bad_verbosity() -> None:
         HorovodRunner(np=-1, driver_log_verbosity="verbose")
 
 
-@pytest.mark.parametrize("name", ["start_timeout", "slot_timeout", "timeout", "stop_grace"])
+@pytest.mark.parametrize(
+    "name", ["start_timeout", "slot_timeout", "timeout", "stop_grace", "idle_timeout"]
+)
 @pytest.mark.parametrize("value", [0, -1, "10", True])
 def test_bad_durations(name: str, value: object) -> None:
     with pytest.raises(ConfigurationError, match=rf"{name} must be a positive number of seconds"):
@@ -85,3 +88,23 @@ def test_dynamic_allocation_is_refused_with_the_setting_to_change() -> None:
 )
 def test_expected_slots(master: str, conf: dict[str, str], slots: int | None) -> None:
     assert expected_slots(master, conf) == slots
+
+
+def test_a_spark_session_that_never_starts_fails_within_start_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mlflow_hvd.backends.spark import session
+
+    hung = threading.Event()  # a JVM that never comes up
+    monkeypatch.setattr(session, "resolve_master", lambda np, master, timeout: (None, "local[2]"))
+    monkeypatch.setattr(session, "new_session", lambda master: hung.wait(60))
+    runner = HorovodRunner(np=2, track=False, start_timeout=0.5)
+    try:
+        with pytest.raises(BackendError, match=(
+            r"^the SparkSession on local\[2\] did not start within 0.5s \(start_timeout\): "
+            r"Spark's JVM is hung or very slow to start; check JAVA_HOME and Spark's driver "
+            r"log, or raise start_timeout$"
+        )):
+            runner.run(workers.echo)
+    finally:
+        hung.set()

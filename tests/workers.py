@@ -68,6 +68,13 @@ def sigkill_on_rank_1() -> None:
     time.sleep(120)
 
 
+def log_level_seen() -> str:
+    """The lifecycle log level this rank's process was given ("" if none)."""
+    import logging
+
+    return logging.getLevelName(logging.getLogger("mlflow_hvd").level)
+
+
 def echo(**kwargs: Any) -> dict[str, Any]:
     """No Horovod at all: returns its kwargs and rank from the environment."""
     return {"kwargs": kwargs, "rank": int(os.environ["HOROVOD_RANK"])}

@@ -21,6 +21,7 @@ Only the job's own run is written: records for any other run id are refused.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -29,6 +30,8 @@ from mlflow_hvd.common.tracking_server import check_server_reachable, is_outage
 from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.messages import TrackingTarget, TrackingWrite, TrackingWritten
+
+log = logging.getLogger(__name__)
 
 WRITE_TIMEOUT = 20.0  # seconds one MLflow call may take before rank 0 hears "outage"
 PROBE_TIMEOUT = 5.0  # seconds to connect to an HTTP tracking server
@@ -44,9 +47,22 @@ class Relay:
         self._lock = threading.Lock()
         self._client: Any = None
         self._running: threading.Thread | None = None  # a call abandoned at its deadline
+        self._outage = False  # the last answer was "outage" (for the lifecycle log)
 
     def answer(self, request: TrackingWrite) -> TrackingWritten:
         """Write ``request``'s records; never raises (the answer carries the error)."""
+        written = self._answer(request)
+        if written.outage and not self._outage:
+            self._outage = True
+            log.info("run %s: the driver sees a tracking outage: %s", self.target.run_id,
+                     written.error)
+        elif not written.error and self._outage:
+            self._outage = False
+            log.info("run %s: the tracking server takes the driver's writes again",
+                     self.target.run_id)
+        return written
+
+    def _answer(self, request: TrackingWrite) -> TrackingWritten:
         uri, run_id = self.target.tracking_uri, self.target.run_id
         if request.run_id != run_id:
             return TrackingWritten(

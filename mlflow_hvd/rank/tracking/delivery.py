@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import enum
+import logging
 import os
 import shutil
 import threading
@@ -35,8 +37,27 @@ from mlflow_hvd.protocol.records import Record
 SEND_INTERVAL = 2.0  # seconds between background sends; flush() sends at once
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 5.0
 MEMORY_LIMIT = 10_000  # records kept in memory during an outage; the rest go to disk
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryState(enum.Enum):
+    """Where rank 0's delivery is. ``DELIVERING -> OUTAGE -> DELIVERING`` as the server goes
+    and comes back; ``STOPPED`` once :meth:`Delivery.close` ends it; ``BROKEN`` if the
+    thread itself failed (a bug: raised by the next :meth:`Delivery.flush`)."""
+
+    DELIVERING = "delivering"
+    OUTAGE = "outage"  # the server is unreachable: records kept, retried with backoff
+    STOPPED = "stopped"
+    BROKEN = "broken"
+
+
 class Delivery:
-    """The background sender of one rank-0 process (see the module docstring)."""
+    """The background sender of one rank-0 process (see the module docstring).
+
+    ``state`` changes only through the transition methods (``_outage``, ``_reachable``,
+    ``_stop``, ``_break``), under ``_cond``; each says so in the lifecycle log.
+    """
 
     def __init__(self, target: TrackingTarget, send: Callable[[Sequence[Record]], None],
                  spool_dir: str, memory_limit: int = MEMORY_LIMIT) -> None:
@@ -52,13 +73,14 @@ class Delivery:
         self._spilled = 0  # records in the spill file not yet moved to memory
         self._put = self._done = 0  # records put; records delivered or refused
         self._flush_wanted = 0
+        self.state = DeliveryState.DELIVERING
+        # refusals not yet reported (the next flush raises them), with the first error
         self._refused: list[Record] = []
         self._error: BaseException | None = None
-        self._outage_since: float | None = None
-        self._last_outage = ""
-        self._stopped = False
+        self._outage_since = 0.0  # time.time() the OUTAGE began
+        self._last_outage = ""  # why, in one line
         self._moving: list[Record] = []  # taken from the inbox, not yet pending
-        self._broken: BaseException | None = None
+        self._broken: BaseException | None = None  # what made it BROKEN
         self._files = 0
         self._thread = threading.Thread(target=self._loop, name="mlflow-hvd-delivery",
                                         daemon=True)
@@ -122,10 +144,10 @@ class Delivery:
         with self._cond:
             self._flush_wanted = self._put
             self._cond.notify_all()
-            while self._done < self._put and time.monotonic() < deadline and not self._broken:
+            while (self._done < self._put and time.monotonic() < deadline
+                   and self.state is not DeliveryState.BROKEN):
                 self._cond.wait(min(deadline - time.monotonic(), 0.5))
-            self._stopped = True
-            self._cond.notify_all()
+            self._stop()
             complete = self._done >= self._put
         refusal = ""
         try:
@@ -140,8 +162,7 @@ class Delivery:
             self._deliver()
         except BaseException as exc:  # a bug here must surface, not stall logging silently
             with self._cond:
-                self._broken = exc
-                self._cond.notify_all()
+                self._break(exc)
             raise
 
     def _deliver(self) -> None:
@@ -153,7 +174,7 @@ class Delivery:
                 pending = bool(self._memory) or self._spilled > 0
                 wanted = self._flush_wanted > self._done
                 due = time.monotonic() - last_send >= SEND_INTERVAL
-                if self._stopped:
+                if self.state is DeliveryState.STOPPED:
                     return
                 if not pending or not (wanted or due or len(self._memory) >= rec.MAX_METRICS):
                     # sleep until the next send is due (or a commit, a flush, a full batch)
@@ -166,7 +187,8 @@ class Delivery:
                 self._send(batch)
             except Exception as exc:
                 if is_outage(exc):
-                    self._note_outage(exc)
+                    with self._cond:
+                        self._outage(exc)
                     self._pause(backoff)
                     backoff = min(backoff * 2, BACKOFF_MAX)
                     continue
@@ -180,7 +202,7 @@ class Delivery:
         the wait short (they would turn the backoff into a retry per record), a stop does."""
         end = time.monotonic() + seconds
         with self._cond:
-            while not self._stopped and (left := end - time.monotonic()) > 0:
+            while self.state is not DeliveryState.STOPPED and (left := end - time.monotonic()) > 0:
                 self._cond.wait(left)
 
     def _take_inbox(self) -> None:
@@ -240,8 +262,8 @@ class Delivery:
             if refused is not None:
                 self._refused.extend(batch)
                 self._error = self._error or refused
-            if self._outage_since is not None and refused is None:
-                self._outage_since = None
+            if refused is None:
+                self._reachable()
             self._cond.notify_all()
         if refused is None:
             for r in batch:
@@ -249,14 +271,35 @@ class Delivery:
                     with contextlib.suppress(OSError):
                         os.remove(r[1])
 
-    def _note_outage(self, exc: BaseException) -> None:
-        with self._cond:
-            if self._outage_since is None:
-                self._outage_since = time.time()
-            self._last_outage = str(exc).splitlines()[0][:300] if str(exc) else repr(exc)
+    # --- transitions (under _cond) ------------------------------------------------------
+    def _outage(self, exc: BaseException) -> None:
+        """DELIVERING -> OUTAGE (or stay, noting the latest reason)."""
+        self._last_outage = str(exc).splitlines()[0][:300] if str(exc) else repr(exc)
+        if self.state is DeliveryState.DELIVERING:
+            self.state, self._outage_since = DeliveryState.OUTAGE, time.time()
+            log.info("run %s: delivering -> outage: %s", self.target.run_id, self._last_outage)
+
+    def _reachable(self) -> None:
+        """OUTAGE -> DELIVERING: a batch was delivered again."""
+        if self.state is DeliveryState.OUTAGE:
+            self.state = DeliveryState.DELIVERING
+            log.info("run %s: outage -> delivering after %.1fs", self.target.run_id,
+                     time.time() - self._outage_since)
+
+    def _stop(self) -> None:
+        """-> STOPPED (from any state but BROKEN): the thread leaves at its next check."""
+        if self.state is not DeliveryState.BROKEN:
+            self.state = DeliveryState.STOPPED
+        self._cond.notify_all()
+
+    def _break(self, exc: BaseException) -> None:
+        """-> BROKEN: the thread failed; the next flush raises it."""
+        self.state, self._broken = DeliveryState.BROKEN, exc
+        log.info("run %s: delivery thread failed: %r", self.target.run_id, exc)
+        self._cond.notify_all()
 
     def _describe_outage(self) -> str:
-        if self._outage_since is None:
+        if self.state is not DeliveryState.OUTAGE:
             return f"the tracking server at {self.target.tracking_uri} is slow to answer"
         since = time.strftime("%H:%M:%S", time.localtime(self._outage_since))
         return (f"the tracking server at {self.target.tracking_uri} has been unreachable "

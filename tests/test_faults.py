@@ -188,6 +188,48 @@ def test_tracking_server_down_for_10s_mid_run_loses_and_repeats_nothing(
 
 
 @pytest.mark.slow
+def test_an_outage_longer_than_rank_0s_memory_spills_to_disk_and_loses_nothing(
+    tmp_path: Path, loopback_server: Any
+) -> None:
+    """More values than rank 0 keeps in memory (MEMORY_LIMIT) are logged while the real
+    server is down: the rest go to the spill file, and all arrive, in order, once it is back."""
+    from mlflow_hvd.rank.tracking.delivery import MEMORY_LIMIT
+
+    server = loopback_server
+    mlflow.set_tracking_uri(server.url)
+    client = mlflow.MlflowClient()
+    n = MEMORY_LIMIT + 2000
+    down, spilled, back = (str(tmp_path / name) for name in ("down", "spilled", "back"))
+    runner = HorovodRunner(np=-1, tracking_timeout=120,
+                           undelivered_dir=str(tmp_path / "undelivered"))
+    done: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: done.update(value=runner.run(
+        workers.burst_during_outage, n=n, down=down, spilled=spilled, back=back)))
+    try:
+        thread.start()
+        wait_until(lambda: runner.last_run_id
+                   and client.get_metric_history(runner.last_run_id, "before"), 120,
+                   "rank 0's first value on the server")
+        server.kill()
+        Path(down).touch()
+        wait_until(lambda: os.path.exists(spilled), 120, "rank 0 spilling to disk")
+        server.restart()
+        Path(back).touch()
+        thread.join(timeout=300)
+        assert not thread.is_alive()
+    finally:
+        for path in (down, back):  # a failed wait must not leave the job waiting
+            Path(path).touch()
+        thread.join(timeout=60)
+    assert done["value"] == n - MEMORY_LIMIT  # records past the memory limit went to disk
+    history = client.get_metric_history(str(runner.last_run_id), "x")
+    assert sorted(m.step for m in history) == list(range(n))  # none lost, none repeated
+    assert all(m.value == float(m.step) for m in history)
+    assert client.get_run(str(runner.last_run_id)).info.status == "FINISHED"
+    assert not (tmp_path / "undelivered").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fails", [False, True], ids=["returns", "raises"])
 def test_tracking_server_gone_at_the_end_bounds_run_and_saves_a_replayable_bundle(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, fails: bool, loopback_server: Any

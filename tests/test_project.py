@@ -82,3 +82,32 @@ def test_bad_parameters_are_refused_together_before_any_job(tmp_path: Path) -> N
     assert "log4j" not in proc.stderr  # no Spark session was started
     run = _only_run(uri)
     assert run.info.status == "FAILED"  # never left RUNNING
+
+
+@pytest.mark.slow
+def test_mlflow_run_of_the_sweep_entry_point_on_local_ranks(tmp_path: Path) -> None:
+    """`mlflow run . -e sweep` as documented, here on two local ranks (np=-2): a parent run
+    with two nested trials, each a distributed run on the same warm ranks."""
+    uri = f"sqlite:///{tmp_path}/sweep.db"
+    proc = _mlflow_run(REPO, tmp_path, uri, "max_evals=2", "np=-2", "epochs=1", entry="sweep")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient()
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    (parent,) = [r for r in runs if r.data.tags.get("mlflow_hvd.sweep.role") == "parent"]
+    children = sorted((r for r in runs if r is not parent),
+                      key=lambda r: int(r.data.tags["mlflow_hvd.sweep.trial"]))
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["max_evals"] == "2" and parent.data.params["np"] == "-2"
+    assert [c.data.tags["mlflow_hvd.sweep.trial"] for c in children] == ["0", "1"]
+    assert [c.data.tags["mlflow.parentRunId"] for c in children] == [parent.info.run_id] * 2
+    assert [c.info.status for c in children] == ["FINISHED", "FINISHED"]
+    assert {c.data.tags["mlflow_hvd.backend"] for c in children} == {"local"}
+    for child in children:
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "val_loss")] == [0]
+    losses = {c.info.run_id: c.data.metrics["val_loss"] for c in children}
+    best = min(losses, key=losses.__getitem__)
+    assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] == best
+    assert parent.data.metrics["best_val_loss"] == pytest.approx(losses[best])
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"loss_per_trial.png", "search_space.json", "hyperopt"} <= arts

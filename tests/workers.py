@@ -464,3 +464,36 @@ def pool_probe(k: int, fail: bool = False) -> dict[str, Any]:
     sys._pool_probe_cycle = weakref.ref(holder)  # type: ignore[attr-defined]
     del holder
     return out
+
+
+def _wait_for_file(path: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {seconds:g} s")
+        time.sleep(0.05)
+
+
+def burst_during_outage(n: int, down: str, spilled: str, back: str) -> int:
+    """Rank 0 logs metric ``before``, waits until the test took the server down (``down``),
+    logs ``n`` values of ``x`` at once, waits until its delivery has taken them all (into
+    memory, then the spill file), reports how many were spilled (``spilled`` holds the count), waits for the server (``back``), then
+    flushes. Returns how many records went to the spill file."""
+    from mlflow_hvd import tracking
+    from mlflow_hvd.rank.tracking import api
+
+    tracking.log_metric("before", 1.0, step=0)
+    tracking.flush()
+    _wait_for_file(down, 120)
+    for i in range(n):
+        tracking.log_metric("x", float(i), step=i)
+    delivery = api._require().delivery  # type: ignore[union-attr]
+    deadline = time.monotonic() + 60
+    while delivery._spilled + len(delivery._memory) < n and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the delivery thread has taken every value from its inbox
+    count = delivery._spilled
+    with open(spilled, "w") as f:
+        f.write(str(count))
+    _wait_for_file(back, 180)
+    tracking.flush(timeout=180)
+    return count

@@ -52,6 +52,11 @@ class BackendError(MlflowHvdError):
     """The launch backend (e.g. the Spark job) failed outside of the user's code."""
 
 
+class JobNotStartedError(BackendError):
+    """Warm ranks died after taking a job but before starting it (e.g. killed while idle):
+    the job never ran. ``HorovodRunner`` runs it again on new ranks."""
+
+
 class IncompatibleImportError(MlflowHvdError, ImportError):
     """A module that cannot work in this environment was imported in a rank (e.g. Horovod's
     Keras layer under Keras 3); the message names the replacement."""

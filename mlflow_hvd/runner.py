@@ -19,6 +19,7 @@ from mlflow_hvd.backends.spark.master import standalone_addresses
 from mlflow_hvd.common.options import check_np, check_positive_int, check_seconds
 from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
 from mlflow_hvd.driver.payload import dumps_code, dumps_payload
+from mlflow_hvd.driver.retry import Decision, RetryPolicy
 from mlflow_hvd.driver.signals import sigterm_interrupts
 from mlflow_hvd.driver.tracking import attempts
 from mlflow_hvd.errors import (
@@ -207,24 +208,34 @@ class HorovodRunner:
     def _attempts(
         self, main: Callable[..., Any], code: Code, target: TrackingTarget | None
     ) -> Any:
-        """Run the job; after a rank or backend failure restart it whole, up to
-        ``max_failures`` times, in the same MLflow run."""
+        """Run the job; what follows a failure is :class:`RetryPolicy`'s decision: run it
+        again (it never started), restart it as a new attempt in the same MLflow run (up to
+        ``max_failures`` times), or raise."""
+        policy = RetryPolicy(self._max_failures)
         failures: list[BaseException] = []
         record = target if self._max_failures > 0 else None  # attempts only when retrying
-        for attempt in range(self._max_failures + 1):
-            log.info("attempt %d of %d of %s starts", attempt + 1, self._max_failures + 1,
-                     _name(main))
-            if record is not None:
-                attempts.started(record, attempt, self._tracking_timeout,
-                                 self._undelivered_root())
+        attempt = reruns = 0
+        while True:
+            if reruns == 0:
+                log.info("attempt %d of %d of %s starts", attempt + 1,
+                         self._max_failures + 1, _name(main))
+                if record is not None:
+                    attempts.started(record, attempt, self._tracking_timeout,
+                                     self._undelivered_root())
             try:
                 return self._launch(main, code, target, attempt)
             except (WorkerFailedError, BackendError) as exc:
+                decision = policy.decide(exc, attempt, reruns)
+                if decision is Decision.RERUN:
+                    reruns += 1
+                    log.info("attempt %d never ran (%s); running it on new ranks",
+                             attempt + 1, str(exc).splitlines()[0])
+                    continue
                 failures.append(exc)
                 if record is not None:
                     attempts.failed(record, attempt, exc, self._tracking_timeout,
                                     self._undelivered_root())
-                if attempt == self._max_failures:
+                if decision is Decision.GIVE_UP:
                     if len(failures) == 1:
                         raise
                     raise RetriesExhaustedError(failures) from exc
@@ -233,7 +244,7 @@ class HorovodRunner:
                     attempt + 1, self._max_failures + 1, str(exc).splitlines()[0],
                     " from its latest checkpoint" if target is not None else "",
                 )
-        raise AssertionError("unreachable")  # the loop returns or raises
+                attempt, reruns = attempt + 1, 0
 
     def _launch(
         self,

@@ -477,8 +477,8 @@ def _wait_for_file(path: str, seconds: float) -> None:
 def burst_during_outage(n: int, down: str, spilled: str, back: str) -> int:
     """Rank 0 logs metric ``before``, waits until the test took the server down (``down``),
     logs ``n`` values of ``x`` at once, waits until its delivery has taken them all (into
-    memory, then the spill file), reports how many were spilled (``spilled`` holds the count), waits for the server (``back``), then
-    flushes. Returns how many records went to the spill file."""
+    memory, then the spill file), writes how many were spilled to ``spilled``, waits for the
+    server (``back``), then flushes. Returns how many records went to the spill file."""
     from mlflow_hvd import tracking
     from mlflow_hvd.rank.tracking import api
 

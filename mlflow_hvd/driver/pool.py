@@ -38,7 +38,7 @@ from mlflow_hvd.driver.job import (
 )
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
-from mlflow_hvd.errors import BackendError, WorkerFailedError
+from mlflow_hvd.errors import BackendError, JobNotStartedError, WorkerFailedError
 from mlflow_hvd.protocol.messages import (
     AwaitJob,
     NextJob,
@@ -265,11 +265,13 @@ class RankPool:
         ``on_tracking_write`` answers this job's tracking writes from rank 0.
 
         A rank that dies while idle is replaced: found before the hand-out (its exit is
-        already reported), or after it, when the rank dies having asked for the job but
-        before starting it. In both cases the job runs on a new generation.
+        already reported), the job runs on a new generation at once; found after it (the
+        rank died having asked for the job but before starting it), the job never ran and
+        :class:`JobNotStartedError` says so (the caller's retry policy runs it again).
 
         Raises:
-            WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError.
+            WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError,
+            JobNotStartedError.
         """
         settings = settings or self._settings
         job_id = job_id or new_job_id()
@@ -292,15 +294,14 @@ class RankPool:
             record = JobRecord(self.np, job_id)
             try:
                 value = self._supervise(record, settings, out)
-            except WorkerFailedError:
+            except WorkerFailedError as exc:
                 if not (handed and died_before_starting(record)):
                     raise
-                log.info("job %s: ranks of generation %d died before starting it; running it "
-                         "on new ranks", job_id, self._live.number if self._live else 0)
-                self._discard()  # the job never ran: run it on new ranks
-                self._start_generation(payload, job_id, description, settings, on_undelivered,
-                                       on_tracking_write)
-                value = self._supervise(JobRecord(self.np, job_id), settings, out)
+                raise JobNotStartedError(
+                    f"ranks of generation {self._live.number if self._live else 0} died "
+                    f"after taking job {job_id} but before starting it: {exc.root_cause.host}"
+                    f" rank {exc.rank} ({exc.root_cause.describe_exit()})"
+                ) from exc
             succeeded = True
             return value
         finally:

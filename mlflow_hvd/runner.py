@@ -314,7 +314,7 @@ class HorovodRunner:
         from mlflow_hvd.protocol import records
 
         path = undelivered.save_message(self._undelivered_root(), message)
-        what = records.describe(records.count([list(r) for r in message.records]))
+        what = records.describe(records.count(message.records))
         log.warning(
             "mlflow_hvd: %s logged by rank 0 on host %s did not reach the tracking server %s "
             "(%s). Saved in %s; send with: python -m mlflow_hvd.tracking.replay %s",

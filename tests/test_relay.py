@@ -18,13 +18,14 @@ from mlflow_hvd.driver.tracking.relay import Relay
 from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.protocol.channel import ChannelClient
 from mlflow_hvd.protocol.messages import TrackingTarget, TrackingWrite, TrackingWritten
+from mlflow_hvd.protocol.records import Artifact, Metric, Param, Tag
 from mlflow_hvd.rank.tracking.sender import Sender
 
 SECRET = b"r" * 32
 
 
-def _metric(value: float, step: int) -> tuple[Any, ...]:
-    return ("metric", "m", value, int(time.time() * 1000), step)
+def _metric(value: float, step: int) -> Metric:
+    return Metric("m", value, int(time.time() * 1000), step)
 
 
 def test_the_driver_writes_rank_0s_records_and_rank_0_never_imports_mlflow(store: str) -> None:
@@ -136,16 +137,16 @@ def test_rank_0_sends_batches_through_the_driver_and_artifacts_itself(
     monkeypatch.setattr(Relay, "answer",
                         lambda self, request: (relayed.append(request), answer(self, request))[1])
     sender = Sender(target, _connect(server))
-    sender([["metric", "m", 1.0, 1000, 0], ["param", "p", "x"], ["tag", "t", "y"]])
+    sender([Metric("m", 1.0, 1000, 0), Param("p", "x"), Tag("t", "y")])
     (tmp_path / "a.txt").write_text("hi")
-    sender([["artifact", str(tmp_path / "a.txt"), "files"]])
+    sender([Artifact(str(tmp_path / "a.txt"), "files")])
     sender.close()
     client = mlflow.MlflowClient()
     run = client.get_run(target.run_id)
     assert (run.data.metrics, run.data.params, run.data.tags["t"]) == ({"m": 1.0}, {"p": "x"}, "y")
     assert [a.path for a in client.list_artifacts(target.run_id, "files")] == ["files/a.txt"]
     # the driver wrote the batch; the file went from rank 0 straight to the store
-    assert [[r[0] for r in w.records] for w in relayed] == [["metric", "param", "tag"]]
+    assert [[r.kind for r in w.records] for w in relayed] == [["metric", "param", "tag"]]
 
 
 def test_the_drivers_refusal_and_outage_reach_rank_0_as_errors_the_delivery_classifies(
@@ -157,11 +158,11 @@ def test_the_drivers_refusal_and_outage_reach_rank_0_as_errors_the_delivery_clas
     mlflow.MlflowClient().delete_run(target.run_id)
     sender = Sender(target, _connect(server))
     with pytest.raises(TrackingError, match="must be in the 'active' state") as refused:
-        sender([["metric", "m", 1.0, 1000, 0]])
+        sender([Metric("m", 1.0, 1000, 0)])
     assert not is_outage(refused.value)
     server.stop()  # the driver is gone
     with pytest.raises(ConnectionError) as gone:
-        sender([["metric", "m", 1.0, 1000, 0]])
+        sender([Metric("m", 1.0, 1000, 0)])
     assert is_outage(gone.value)
     assert str(gone.value).startswith(
         f"cannot reach the driver, which writes rank 0's records to {store}: ")
@@ -175,7 +176,7 @@ def test_a_driver_that_does_not_take_records_is_a_refusal_naming_the_run(store: 
     try:
         sender = Sender(TrackingTarget(store, "r9", "0"), _connect(server))
         with pytest.raises(TrackingError) as info:
-            sender([["metric", "m", 5.0, 1000, 0]])
+            sender([Metric("m", 5.0, 1000, 0)])
     finally:
         server.stop()
     assert str(info.value) == (

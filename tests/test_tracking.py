@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -19,6 +20,7 @@ from services import wait_until
 from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
 from mlflow_hvd.driver.tracking.run import absolute_tracking_uri, driver_run
 from mlflow_hvd.errors import TrackingError
+from mlflow_hvd.protocol.records import Metric
 
 
 @pytest.mark.parametrize(
@@ -192,7 +194,7 @@ def test_flush_that_cannot_drain_names_the_store_and_the_wait(store: str, tmp_pa
     logger = Delivery(TrackingTarget(store, run.info.run_id, "0"), _direct(client, run.info.run_id),
                       str(tmp_path))
     stuck = _SlowValue()
-    logger.put(["metric", "m", stuck, 0, 0])
+    logger.put(Metric("m", stuck, 0, 0))
     with pytest.raises(TrackingError) as info:
         logger.flush(timeout=0.3)
     assert str(info.value) == (
@@ -215,8 +217,8 @@ def test_a_failed_background_send_is_raised_by_the_next_flush(store: str, tmp_pa
     logger = Delivery(TrackingTarget(store, run.info.run_id, "0"), _direct(client, run.info.run_id),
                       str(tmp_path))
     client.delete_run(run.info.run_id)  # the store now refuses writes to it
-    logger.put(["metric", "m", 1.0, 0, 0])
-    logger.put(["metric", "m", 2.0, 0, 1])
+    logger.put(Metric("m", 1.0, 0, 0))
+    logger.put(Metric("m", 2.0, 0, 1))
     with pytest.raises(TrackingError) as info:
         logger.flush(timeout=30)
     assert str(info.value).startswith(
@@ -266,13 +268,15 @@ def test_an_outage_spills_past_the_memory_limit_and_delivers_in_order(
         str(tmp_path), memory_limit=10,
     )
     for i in range(100):
-        logger.put(["metric", "m", float(i), 1000 + i, i])
+        logger.put(Metric("m", float(i), 1000 + i, i))
     spill = tmp_path / "pending.jsonl"
     wait_until(
-        lambda: spill.exists() and len(spill.read_text().splitlines()) == 90,
+        lambda: spill.exists() and len(spill.read_text().splitlines()) == 91,
         30,
-        "90 records spilled to disk",
+        "90 records spilled to disk, after the file's header",
     )
+    assert json.loads(spill.read_text().splitlines()[0]) == {
+        "format": "mlflow_hvd.records", "version": 1}
     with pytest.raises(TrackingError, match="has been unreachable since"):
         logger.flush(timeout=1)
     server.down = False

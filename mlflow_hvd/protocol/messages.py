@@ -10,7 +10,8 @@ import enum
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+
+from mlflow_hvd.protocol.records import Record
 
 
 class Stream(enum.Enum):
@@ -182,7 +183,7 @@ class UndeliveredTracking:
     run_id: str
     tracking_uri: str
     host: str
-    records: tuple[tuple[Any, ...], ...]
+    records: tuple[Record, ...]
     files: tuple[tuple[str, bytes], ...]
     reason: str
 
@@ -219,7 +220,7 @@ class TrackingWrite(Request):
     rank 0's process spends no CPU on MLflow's client for them."""
 
     run_id: str
-    records: tuple[tuple[Any, ...], ...]
+    records: tuple[Record, ...]
 
 
 @dataclass(frozen=True)

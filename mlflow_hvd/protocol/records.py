@@ -1,13 +1,15 @@
-"""Tracking records: the ordered, replayable form of everything rank 0 logs.
+"""Tracking records: the typed, ordered, replayable form of everything rank 0 logs, and the
+one codec that writes them to disk.
 
-One record is a JSON-able list:
-
-* ``["metric", key, value, timestamp_ms, step]``, ``["param", key, value]``,
-  ``["tag", key, value]``: sent in ``log_batch`` calls (MLflow's limits per call);
-* ``["artifact", local_path, artifact_dir]``: a file uploaded to ``artifact_dir``;
-* ``["commit", [[key, value, ts, step], ...], [[key, value], ...]]``: metrics and tags in
-  one ``log_batch`` (a checkpoint's metrics and its latest-checkpoint tag: both or neither);
-* ``["status", status]``: end the run (``set_terminated``), only in a saved bundle.
+Records are frozen dataclasses: :class:`Metric`, :class:`Param`, :class:`Tag` (sent in
+``log_batch`` calls, within MLflow's limits per call), :class:`Artifact` (a file uploaded
+to a directory of the run), :class:`Commit` (metrics and tags in one ``log_batch``: a
+checkpoint's metrics and its latest-checkpoint tag, both or neither) and :class:`Status`
+(end the run; only in a saved bundle). They cross process boundaries pickled (rank 0 to
+the driver) and are written to disk by :func:`encode` / :func:`decode`, one JSON line each,
+in files that start with :func:`header` (rank 0's spill file and the driver's replay
+bundle): a file of another format version is refused by name, and a file without a header
+(bundles saved before the header existed) is read as version 1, whose lines it shares.
 
 Sending a record twice is harmless: MLflow keeps one copy of an identical metric value
 (same key, value, timestamp and step), an identical param, tag or artifact. That is what
@@ -16,13 +18,77 @@ lets a batch whose answer was lost be sent again, and a saved bundle be replayed
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-Record = list[Any]
+FORMAT = "mlflow_hvd.records"
+VERSION = 1
 MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100
-BATCHED = ("metric", "param", "tag")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric value. ``value`` may be a tensor until the delivery thread converts it
+    (:meth:`converted`), off the training thread."""
+
+    kind: ClassVar[str] = "metric"
+    key: str
+    value: Any
+    timestamp: int
+    step: int
+
+    def converted(self) -> Metric:
+        if type(self.value) is float:
+            return self
+        return dataclasses.replace(self, value=float(self.value))
+
+
+@dataclass(frozen=True)
+class Param:
+    kind: ClassVar[str] = "param"
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Tag:
+    kind: ClassVar[str] = "tag"
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A file to upload: ``path`` on this host (in a bundle: relative to it) into the run's
+    directory ``artifact_dir`` ("" for the root)."""
+
+    kind: ClassVar[str] = "artifact"
+    path: str
+    artifact_dir: str
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Metrics and tags written in one call: both land, or neither."""
+
+    kind: ClassVar[str] = "commit"
+    metrics: tuple[Metric, ...]
+    tags: tuple[Tag, ...]
+
+
+@dataclass(frozen=True)
+class Status:
+    """End the run with ``status`` (FINISHED, FAILED, KILLED)."""
+
+    kind: ClassVar[str] = "status"
+    status: str
+
+
+Record = Metric | Param | Tag | Artifact | Commit | Status
+BATCHED = (Metric, Param, Tag)
 
 
 def next_batch(records: Sequence[Record]) -> int:
@@ -33,20 +99,20 @@ def next_batch(records: Sequence[Record]) -> int:
     """
     if not records:
         return 0
-    if records[0][0] not in BATCHED:
+    if not isinstance(records[0], BATCHED):
         return 1
-    counts = {"metric": 0, "param": 0, "tag": 0}
-    limits = {"metric": MAX_METRICS, "param": MAX_PARAMS, "tag": MAX_TAGS}
+    counts = {Metric: 0, Param: 0, Tag: 0}
+    limits = {Metric: MAX_METRICS, Param: MAX_PARAMS, Tag: MAX_TAGS}
     n = 0
     params: set[str] = set()
     for record in records:
-        kind = record[0]
-        if kind not in BATCHED or counts[kind] >= limits[kind]:
+        kind = type(record)
+        if not isinstance(record, BATCHED) or counts[kind] >= limits[kind]:
             break
-        if kind == "param":
-            if record[1] in params:
+        if isinstance(record, Param):
+            if record.key in params:
                 break  # the same param twice in one call is refused by some stores
-            params.add(record[1])
+            params.add(record.key)
         counts[kind] += 1
         n += 1
     return n
@@ -54,45 +120,43 @@ def next_batch(records: Sequence[Record]) -> int:
 
 def send(client: Any, run_id: str, batch: Sequence[Record]) -> None:
     """Make the MLflow call(s) for ``batch`` (a result of :func:`next_batch`)."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric as MlflowMetric
+    from mlflow.entities import Param as MlflowParam
+    from mlflow.entities import RunTag
 
-    kind = batch[0][0]
-    if kind in BATCHED:
+    def metric(m: Metric) -> Any:
+        return MlflowMetric(m.key, float(m.value), int(m.timestamp), int(m.step))
+
+    head = batch[0]
+    if isinstance(head, BATCHED):
         client.log_batch(
             run_id,
-            metrics=[
-                Metric(r[1], float(r[2]), int(r[3]), int(r[4])) for r in batch if r[0] == "metric"
-            ],
-            params=[Param(r[1], r[2]) for r in batch if r[0] == "param"],
-            tags=[RunTag(r[1], r[2]) for r in batch if r[0] == "tag"],
+            metrics=[metric(r) for r in batch if isinstance(r, Metric)],
+            params=[MlflowParam(r.key, r.value) for r in batch if isinstance(r, Param)],
+            tags=[RunTag(r.key, r.value) for r in batch if isinstance(r, Tag)],
             synchronous=True,
         )
-    elif kind == "artifact":
-        client.log_artifact(run_id, batch[0][1], batch[0][2] or None)
-    elif kind == "commit":
-        _, metrics, tags = batch[0]
-        client.log_batch(
-            run_id,
-            metrics=[Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in metrics],
-            tags=[RunTag(k, v) for k, v in tags],
-            synchronous=True,
-        )
-    elif kind == "status":
-        client.set_terminated(run_id, batch[0][1])
+    elif isinstance(head, Artifact):
+        client.log_artifact(run_id, head.path, head.artifact_dir or None)
+    elif isinstance(head, Commit):
+        client.log_batch(run_id, metrics=[metric(m) for m in head.metrics],
+                         tags=[RunTag(t.key, t.value) for t in head.tags], synchronous=True)
+    elif isinstance(head, Status):
+        client.set_terminated(run_id, head.status)
     else:
-        raise ValueError(f"unknown tracking record {batch[0]!r}")
+        raise TypeError(f"not a tracking record: {head!r}")
 
 
-def count(records: Sequence[Record]) -> dict[str, int]:
-    """Values per kind: ``metric``, ``param``, ``tag``, ``artifact`` (commits count their
-    metrics and tags)."""
+def count(records: Iterable[Record]) -> dict[str, int]:
+    """Values per kind: ``metric``, ``param``, ``tag``, ``artifact``, ``status`` (a commit
+    counts its metrics and tags)."""
     out = {"metric": 0, "param": 0, "tag": 0, "artifact": 0, "status": 0}
     for r in records:
-        if r[0] == "commit":
-            out["metric"] += len(r[1])
-            out["tag"] += len(r[2])
+        if isinstance(r, Commit):
+            out["metric"] += len(r.metrics)
+            out["tag"] += len(r.tags)
         else:
-            out[r[0]] = out.get(r[0], 0) + 1
+            out[r.kind] += 1
     return out
 
 
@@ -107,12 +171,70 @@ def describe(counts: dict[str, int]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def dumps(record: Record) -> str:
-    return json.dumps(record, allow_nan=True)
+# --- the codec ---------------------------------------------------------------------------
+def header() -> str:
+    """The first line of a file of records (no newline)."""
+    return json.dumps({"format": FORMAT, "version": VERSION})
 
 
-def loads(line: str) -> Record:
+def check_header(line: str, where: str) -> bool:
+    """True if ``line`` is a header of this format and version; False if it is a record
+    (a file from before headers: version 1).
+
+    Raises:
+        ValueError: A header of another format or version, naming ``where``.
+    """
     value = json.loads(line)
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"not a tracking record: {line[:200]!r}")
-    return value
+    if isinstance(value, list):
+        return False
+    if not isinstance(value, dict) or value.get("format") != FORMAT:
+        raise ValueError(f"{where} is not a file of mlflow_hvd tracking records")
+    if value.get("version") != VERSION:
+        raise ValueError(
+            f"{where} holds tracking records of format version {value.get('version')!r}; "
+            f"this mlflow_hvd reads version {VERSION}: replay it with the mlflow_hvd that "
+            "wrote it"
+        )
+    return True
+
+
+def encode(record: Record) -> str:
+    """One record as one JSON line (no newline)."""
+    if isinstance(record, Metric):
+        fields: list[Any] = [record.key, float(record.value), record.timestamp, record.step]
+    elif isinstance(record, Param | Tag):
+        fields = [record.key, record.value]
+    elif isinstance(record, Artifact):
+        fields = [record.path, record.artifact_dir]
+    elif isinstance(record, Commit):
+        fields = [[[m.key, float(m.value), m.timestamp, m.step] for m in record.metrics],
+                  [[t.key, t.value] for t in record.tags]]
+    else:
+        fields = [record.status]
+    return json.dumps([record.kind, *fields], allow_nan=True)
+
+
+def decode(line: str) -> Record:
+    """The record of one line written by :func:`encode`.
+
+    Raises:
+        ValueError: Not such a line (the first 200 characters are quoted).
+    """
+    try:
+        kind, *f = json.loads(line)
+        if kind == "metric":
+            return Metric(str(f[0]), float(f[1]), int(f[2]), int(f[3]))
+        if kind == "param":
+            return Param(str(f[0]), str(f[1]))
+        if kind == "tag":
+            return Tag(str(f[0]), str(f[1]))
+        if kind == "artifact":
+            return Artifact(str(f[0]), str(f[1] or ""))
+        if kind == "commit":
+            return Commit(tuple(Metric(str(k), float(v), int(ts), int(s)) for k, v, ts, s in f[0]),
+                          tuple(Tag(str(k), str(v)) for k, v in f[1]))
+        if kind == "status":
+            return Status(str(f[0]))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise ValueError(f"not a tracking record: {line[:200]!r}") from exc
+    raise ValueError(f"not a tracking record: {line[:200]!r}")

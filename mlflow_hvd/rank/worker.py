@@ -182,7 +182,7 @@ def _finish_tracking(client: ChannelClient, strict: bool, timeout: float | None 
         sys.stderr.write(f"mlflow_hvd: final delivery to MLflow failed: {exc}\n")
         return
     if undelivered is not None:
-        what = records.describe(records.count([list(r) for r in undelivered.records]))
+        what = records.describe(records.count(undelivered.records))
         sys.stderr.write(
             f"mlflow_hvd: {what} did not reach the tracking server "
             f"{undelivered.tracking_uri} ({undelivered.reason}); handing them to the driver\n"

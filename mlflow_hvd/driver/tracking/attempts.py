@@ -16,6 +16,7 @@ from typing import Any
 
 from mlflow_hvd.common.deadline import call_within
 from mlflow_hvd.driver.tracking import undelivered
+from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.messages import TrackingTarget
 
 ATTEMPT_METRIC = "mlflow_hvd.attempt"
@@ -30,7 +31,7 @@ def started(target: TrackingTarget, attempt: int, timeout: float, root: str) -> 
     now = int(time.time() * 1000)
     _record(target, timeout, root, f"recording the start of attempt {attempt}",
             f"metric {ATTEMPT_METRIC}={attempt}",
-            [["metric", ATTEMPT_METRIC, float(attempt), now, attempt]], [],
+            [rec.Metric(ATTEMPT_METRIC, float(attempt), now, attempt)], [],
             lambda client: client.log_metric(target.run_id, ATTEMPT_METRIC, float(attempt),
                                              now, attempt))
 
@@ -42,7 +43,7 @@ def failed(
     text = f"{type(error).__name__}: {error}\n"
     folder, name = error_file(attempt).split("/")
     _record(target, timeout, root, f"recording the failure of attempt {attempt}",
-            error_file(attempt), [["artifact", name, folder]], [(name, text.encode())],
+            error_file(attempt), [rec.Artifact(name, folder)], [(name, text.encode())],
             lambda client: client.log_text(target.run_id, text, error_file(attempt)))
 
 
@@ -52,7 +53,7 @@ def _record(
     root: str,
     doing: str,
     missing: str,
-    records: Sequence[Sequence[Any]],
+    records: Sequence[rec.Record],
     files: Sequence[tuple[str, bytes]],
     write: Callable[[Any], object],
 ) -> None:

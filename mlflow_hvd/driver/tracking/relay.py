@@ -80,14 +80,14 @@ class Relay:
                 return TrackingWritten(problem, outage=True)
             return self._write(request.records)
 
-    def _write(self, records: tuple[tuple[Any, ...], ...]) -> TrackingWritten:
+    def _write(self, records: tuple[rec.Record, ...]) -> TrackingWritten:
         uri = self.target.tracking_uri
         box: dict[str, BaseException] = {}
         client = self._mlflow()
 
         def call() -> None:
             try:
-                rec.send(client, self.target.run_id, [list(r) for r in records])
+                rec.send(client, self.target.run_id, records)
             except BaseException as exc:  # answered to rank 0
                 box["error"] = exc
 

@@ -25,6 +25,7 @@ from mlflow_hvd.common.tracking_server import (
 )
 from mlflow_hvd.driver.tracking import undelivered
 from mlflow_hvd.errors import RetriesExhaustedError, Terminated, WorkerFailedError
+from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.messages import TrackingTarget
 
 TAG_PREFIX = "mlflow_hvd."
@@ -177,11 +178,11 @@ class _Ending:
 
     def close(self, status: str, tags: Mapping[str, str], error_text: str = "") -> None:
         run_id = self.target.run_id
-        steps = {
-            **({"tags " + ", ".join(sorted(tags)): [["tag", k, v] for k, v in tags.items()]}
+        steps: dict[str, list[rec.Record]] = {
+            **({"tags " + ", ".join(sorted(tags)): [rec.Tag(k, v) for k, v in tags.items()]}
                if tags else {}),
-            **({"error.txt": [["artifact", "error.txt", ""]]} if error_text else {}),
-            **({f"status {status}": [["status", status]]} if self.owned else {}),
+            **({"error.txt": [rec.Artifact("error.txt", "")]} if error_text else {}),
+            **({f"status {status}": [rec.Status(status)]} if self.owned else {}),
         }
         try:
             call_within(self.timeout, "ending the MLflow run", self._write, status, tags,

@@ -19,13 +19,13 @@ else ``$XDG_STATE_HOME/mlflow_hvd/undelivered`` (``~/.local/state/...``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
 import threading
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable
 
 from mlflow_hvd.common.deadline import DeadlineExceeded
 from mlflow_hvd.common.tracking_server import is_outage
@@ -54,7 +54,7 @@ def save(
     root: str,
     run_id: str,
     tracking_uri: str,
-    records: Iterable[Sequence[Any]],
+    records: Iterable[rec.Record],
     files: Iterable[tuple[str, bytes]] = (),
 ) -> str:
     """Append ``records`` (artifact records naming keys of ``files``) to the run's bundle;
@@ -74,12 +74,15 @@ def save(
             with open(os.path.join(path, rel), "wb") as out:
                 out.write(data)
             renamed[key] = rel
-        with open(os.path.join(path, "records.jsonl"), "a") as out:
+        lines = os.path.join(path, "records.jsonl")
+        new = not os.path.exists(lines)
+        with open(lines, "a") as out:
+            if new:
+                out.write(rec.header() + "\n")
             for r in records:
-                r = list(r)
-                if r[0] == "artifact":
-                    r[1] = renamed.get(r[1], r[1])
-                out.write(rec.dumps(r) + "\n")
+                if isinstance(r, rec.Artifact):
+                    r = dataclasses.replace(r, path=renamed.get(r.path, r.path))
+                out.write(rec.encode(r) + "\n")
     return path
 
 
@@ -89,7 +92,7 @@ def keep_or_warn(
     target: TrackingTarget,
     doing: str,
     missing: str,
-    records: Iterable[Sequence[Any]],
+    records: Iterable[rec.Record],
     files: Iterable[tuple[str, bytes]],
     *,
     timeout: float,
@@ -119,17 +122,24 @@ def save_message(root: str, message: UndeliveredTracking) -> str:
 
 
 def load(path: str) -> tuple[dict[str, str], list[rec.Record]]:
-    """A bundle's metadata and its records (artifact paths made absolute)."""
+    """A bundle's metadata and its records (artifact paths made absolute).
+
+    Raises:
+        OSError: The bundle's files cannot be read.
+        ValueError: They are not a bundle, or of another format version.
+    """
     with open(os.path.join(path, "bundle.json")) as f:
         meta = json.load(f)
-    records = []
-    with open(os.path.join(path, "records.jsonl")) as f:
-        for line in f:
-            if line.strip():
-                r = rec.loads(line)
-                if r[0] == "artifact":
-                    r[1] = os.path.join(path, r[1])
-                records.append(r)
+    records: list[rec.Record] = []
+    lines = os.path.join(path, "records.jsonl")
+    with open(lines) as f:
+        for n, line in enumerate(f):
+            if not line.strip() or (n == 0 and rec.check_header(line, lines)):
+                continue
+            r = rec.decode(line)
+            if isinstance(r, rec.Artifact):
+                r = dataclasses.replace(r, path=os.path.join(path, r.path))
+            records.append(r)
     return meta, records
 
 

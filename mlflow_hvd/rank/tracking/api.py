@@ -36,6 +36,7 @@ from mlflow_hvd.common.tracking_server import (
     run_facts,
 )
 from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.messages import TrackingTarget, UndeliveredTracking
 from mlflow_hvd.rank import context
 from mlflow_hvd.rank.tracking.delivery import Delivery
@@ -95,7 +96,7 @@ class _RankLogger:
         it at once (the training code may be importing ``mlflow.models`` right then)."""
         self.check_artifacts()
         _ = self.sender.client
-        self.delivery.put(["artifact", path, artifact_dir])
+        self.delivery.put(rec.Artifact(path, artifact_dir))
 
     def check_artifacts(self) -> None:
         """Raise :class:`TrackingError` if the run's artifacts are on the driver's disk and
@@ -239,7 +240,7 @@ def log_params(params: Mapping[str, Any], keep_existing: bool = False) -> None:
     for key, value in params.items():
         text = str(value)
         if logger.check_param(key, text, keep_existing):
-            logger.delivery.put(["param", key, text])
+            logger.delivery.put(rec.Param(key, text))
 
 
 def log_metric(key: str, value: float, step: int | None = None) -> None:
@@ -256,7 +257,7 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     ts = int(time.time() * 1000)
     logger.last_step = max(logger.last_step, int(step or 0))
     for key, value in metrics.items():
-        logger.delivery.put(["metric", key, value, ts, int(step or 0)])
+        logger.delivery.put(rec.Metric(key, value, ts, int(step or 0)))
 
 
 def log_batch_metrics(metrics: Mapping[str, float], step: int) -> None:
@@ -267,7 +268,7 @@ def log_batch_metrics(metrics: Mapping[str, float], step: int) -> None:
         return
     ts = int(time.time() * 1000)
     for key, value in metrics.items():
-        logger.delivery.put(["metric", key, value, ts, int(step)])
+        logger.delivery.put(rec.Metric(key, value, ts, int(step)))
 
 
 def set_tag(key: str, value: Any) -> None:
@@ -281,7 +282,7 @@ def set_tags(tags: Mapping[str, Any]) -> None:
     if logger is None:
         return
     for key, value in tags.items():
-        logger.delivery.put(["tag", key, str(value)])
+        logger.delivery.put(rec.Tag(key, str(value)))
 
 
 def log_artifact(local_path: str, artifact_path: str | None = None) -> None:
@@ -370,13 +371,10 @@ def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any]) -> 
         return
     ts = int(time.time() * 1000)
     logger.last_step = max(logger.last_step, int(step))
-    logger.delivery.put(
-        [
-            "commit",
-            [[k, float(v), ts, int(step)] for k, v in metrics.items()],
-            [[k, str(v)] for k, v in tags.items()],
-        ]
-    )
+    logger.delivery.put(rec.Commit(
+        tuple(rec.Metric(k, float(v), ts, int(step)) for k, v in metrics.items()),
+        tuple(rec.Tag(k, str(v)) for k, v in tags.items()),
+    ))
 
 
 def max_logged_step(prefix: str) -> int:

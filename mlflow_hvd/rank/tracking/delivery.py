@@ -26,13 +26,12 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from mlflow_hvd.common.tracking_server import is_outage
 from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.messages import TrackingTarget, UndeliveredTracking
-from mlflow_hvd.protocol.records import Record
+from mlflow_hvd.protocol.records import Artifact, Commit, Metric, Record
 
 SEND_INTERVAL = 2.0  # seconds between background sends; flush() sends at once
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 5.0
@@ -77,7 +76,7 @@ class Delivery:
         # refusals not yet reported (the next flush raises them), with the first error
         self._refused: list[Record] = []
         self._error: BaseException | None = None
-        self._outage_since = 0.0  # time.time() the OUTAGE began
+        self._outage_since = 0.0  # time.time() the last OUTAGE began; 0 once it ended
         self._last_outage = ""  # why, in one line
         self._moving: list[Record] = []  # taken from the inbox, not yet pending
         self._broken: BaseException | None = None  # what made it BROKEN
@@ -93,11 +92,11 @@ class Delivery:
         with self._cond:
             self._inbox.append(record)
             self._put += 1
-            if record[0] == "commit":
+            if isinstance(record, Commit):
                 self._flush_wanted = self._put
             # Waking the thread for every value (five per step) made it contend with
             # training for the GIL; it takes the inbox at its next send interval instead.
-            if record[0] == "commit" or len(self._inbox) >= rec.MAX_METRICS:
+            if isinstance(record, Commit) or len(self._inbox) >= rec.MAX_METRICS:
                 self._cond.notify_all()
 
     def stage_file(self, src: str, name: str | None = None) -> str:
@@ -215,9 +214,7 @@ class Delivery:
                 return
             self._moving = list(self._inbox)
             self._inbox.clear()
-        for record in self._moving:
-            if record[0] == "metric":
-                record[2] = float(record[2])
+        self._moving = [r.converted() if isinstance(r, Metric) else r for r in self._moving]
         with self._cond:
             spill = None
             try:
@@ -226,8 +223,11 @@ class Delivery:
                         self._memory.append(record)
                         continue
                     if spill is None:
+                        new = not os.path.exists(self._spill_path)
                         spill = open(self._spill_path, "a")  # noqa: SIM115 - closed below
-                    spill.write(rec.dumps(record) + "\n")
+                        if new:
+                            spill.write(rec.header() + "\n")
+                    spill.write(rec.encode(record) + "\n")
                     self._spilled += 1
             finally:
                 self._moving = []
@@ -247,7 +247,10 @@ class Delivery:
                 line = f.readline()
                 if not line:
                     break
-                self._memory.append(rec.loads(line))
+                if self._spill_offset == 0 and rec.check_header(line, self._spill_path):
+                    self._spill_offset = f.tell()  # the header, not a record
+                    continue
+                self._memory.append(rec.decode(line))
                 self._spilled -= 1
             self._spill_offset = f.tell()
         if self._spilled == 0:  # everything moved to memory: start a new file next time
@@ -267,9 +270,9 @@ class Delivery:
             self._cond.notify_all()
         if refused is None:
             for r in batch:
-                if r[0] == "artifact" and r[1].startswith(self.spool_dir):
-                    with contextlib.suppress(OSError):
-                        os.remove(r[1])
+                if isinstance(r, Artifact) and r.path.startswith(self.spool_dir):
+                    with contextlib.suppress(OSError):  # the spool is removed at close anyway
+                        os.remove(r.path)
 
     # --- transitions (under _cond) ------------------------------------------------------
     def _outage(self, exc: BaseException) -> None:
@@ -285,6 +288,7 @@ class Delivery:
             self.state = DeliveryState.DELIVERING
             log.info("run %s: outage -> delivering after %.1fs", self.target.run_id,
                      time.time() - self._outage_since)
+            self._outage_since = 0.0
 
     def _stop(self) -> None:
         """-> STOPPED (from any state but BROKEN): the thread leaves at its next check."""
@@ -299,7 +303,7 @@ class Delivery:
         self._cond.notify_all()
 
     def _describe_outage(self) -> str:
-        if self.state is not DeliveryState.OUTAGE:
+        if not self._outage_since:  # no outage began, or the last one ended (a stop keeps it)
             return f"the tracking server at {self.target.tracking_uri} is slow to answer"
         since = time.strftime("%H:%M:%S", time.localtime(self._outage_since))
         return (f"the tracking server at {self.target.tracking_uri} has been unreachable "
@@ -330,21 +334,23 @@ class Delivery:
             if self._spilled:
                 with open(self._spill_path) as f:
                     f.seek(self._spill_offset)
-                    pending.extend(rec.loads(line) for line in f if line.strip())
+                    for line in f:
+                        if line.startswith("{"):  # the file's header (records are lists)
+                            continue
+                        pending.append(rec.decode(line))
             pending.extend(self._moving)
             pending.extend(self._inbox)
             reason = self._describe_outage()
         files: list[tuple[str, bytes]] = []
-        out: list[tuple[Any, ...]] = []
+        out: list[Record] = []
         for r in pending:
-            if r[0] == "metric":
-                r = [*r[:2], float(r[2]), *r[3:]]
-            if r[0] == "artifact":
-                key = f"{len(files)}/{os.path.basename(r[1])}"
-                with open(r[1], "rb") as f:
+            if isinstance(r, Metric):
+                r = r.converted()
+            if isinstance(r, Artifact):
+                key = f"{len(files)}/{os.path.basename(r.path)}"
+                with open(r.path, "rb") as f:
                     files.append((key, f.read()))
-                out.append(("artifact", key, r[2]))
-            else:
-                out.append(tuple(r))
+                r = Artifact(key, r.artifact_dir)
+            out.append(r)
         return UndeliveredTracking(self.target.run_id, self.target.tracking_uri, host, tuple(out),
                            tuple(files), reason)

@@ -33,7 +33,7 @@ from mlflow_hvd.protocol.channel import ChannelClient
 from mlflow_hvd.protocol.messages import TrackingTarget, TrackingWrite, TrackingWritten
 from mlflow_hvd.protocol.records import Record
 
-RELAYED = ("metric", "param", "tag", "commit")
+RELAYED = (rec.Metric, rec.Param, rec.Tag, rec.Commit)  # written by the driver
 # The driver answers a write within its own deadline (relay.WRITE_TIMEOUT plus a probe);
 # a silence longer than this is treated as an outage and the batch sent again later.
 ANSWER_TIMEOUT = 60.0
@@ -68,13 +68,13 @@ class Sender:
             return self._client
 
     def __call__(self, batch: Sequence[Record]) -> None:
-        if self.relayed and batch[0][0] in RELAYED:
+        if self.relayed and isinstance(batch[0], RELAYED):
             self._relay(batch)
         else:
             rec.send(self.client, self.target.run_id, batch)
 
     def _relay(self, batch: Sequence[Record]) -> None:
-        request = TrackingWrite(self.target.run_id, tuple(tuple(r) for r in batch))
+        request = TrackingWrite(self.target.run_id, tuple(batch))
         try:
             if self._channel is None and self._connect is not None:
                 self._channel = self._connect()

@@ -182,16 +182,15 @@ def test_earliest_timestamp_wins_even_if_it_arrives_later() -> None:
     assert "killed by signal SIGKILL" in str(info.value)
 
 
+@pytest.mark.timeout(60)  # a hang fails here, not after the suite's 600 s
 def test_rank_that_never_reports_after_failure_does_not_hang_the_driver() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
         sink(WorkerExited(1, "h", 3, 1.0))  # rank 0 never reports at all
 
-    t0 = time.monotonic()
     backend = FakeBackend(script)
     with pytest.raises(WorkerFailedError) as info:
         run_job(2, b"", backend, DriverSettings(stop_grace=0.5, report_grace=0.5),
                 "127.0.0.1", "test", io.StringIO())
-    assert time.monotonic() - t0 < 5
     assert backend.stopped_by_driver
     assert info.value.stopped_ranks == (0,)  # the driver stopped the job it never heard of
     assert info.value.unreported_ranks == ()
@@ -297,15 +296,14 @@ def test_secret_is_not_in_job_repr() -> None:
     assert "secret" not in repr(backend.job)
 
 
+@pytest.mark.timeout(60)  # a hang fails here, not after the suite's 600 s
 def test_backend_finished_without_every_exit_report_does_not_hang() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
         _ok(sink, 0)
         sink(BackendFinished())  # rank 1's exit report never arrives
 
-    t0 = time.monotonic()
     with pytest.raises(BackendError) as info:
         _run(script, report_grace=0.5)
-    assert time.monotonic() - t0 < 5
     assert str(info.value) == (
         "the fake backend finished but ranks 1 never reported their exit within 0.5s of it; "
         "their output was lost on the way to the driver"

@@ -3,7 +3,9 @@
 ``tests/conftest.py`` puts this directory on ``PYTHONPATH`` and names a file in
 ``MLFLOW_HVD_TEST_TF_LOG``; every Python process started under the session (the pytest
 process, local ranks, Spark's Python workers and their ranks, drivers started by tests)
-then appends one line to it when it first imports ``tensorflow``.
+then appends one line to it when it first imports ``tensorflow``, naming the test that was
+running where the process was started (pytest's ``PYTEST_CURRENT_TEST``; empty for ranks
+of Spark executors, which do not inherit the test's environment).
 """
 
 import os
@@ -17,7 +19,8 @@ class _FirstTensorFlowImport:
         if name == "tensorflow" and _LOG:
             sys.meta_path.remove(self)
             with open(_LOG, "a") as log:
-                log.write(f"{os.getpid()} {' '.join(sys.argv)[:160]}\n")
+                test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+                log.write(f"{os.getpid()} {' '.join(sys.argv)[:120]} [{test}]\n")
         return None  # the normal import goes on
 
 

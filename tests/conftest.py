@@ -56,6 +56,19 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.fixture(scope="module")
+def warm_ranks() -> Iterator[Any]:
+    """Two local ranks kept warm for a module's success-path jobs (``with HorovodRunner``):
+    TensorFlow and Horovod are imported once per module, not once per test. Each ``run`` is
+    still its own job and MLflow run (into the store current at the call); a job that fails
+    replaces the ranks. Module-scoped: a module's tests that check that no worker is left
+    run in other modules."""
+    from mlflow_hvd import HorovodRunner
+
+    with HorovodRunner(np=-2) as runner:
+        yield runner
+
+
 @pytest.fixture(scope="session")
 def _loopback_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from services import MlflowServer

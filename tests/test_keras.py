@@ -19,9 +19,9 @@ from mlflow_hvd.rank.tracking.signature import declared_signature
 pytestmark = pytest.mark.slow
 
 
-def test_two_ranks_on_half_batches_match_one_rank_on_the_full_batch() -> None:
+def test_two_ranks_on_half_batches_match_one_rank_on_the_full_batch(warm_ranks: Any) -> None:
     one = HorovodRunner(np=-1, track=False).run(workers.keras_numerics, steps=5)
-    two = HorovodRunner(np=-2, track=False).run(workers.keras_numerics, steps=5)
+    two = warm_ranks.run(workers.keras_numerics, steps=5)
     assert two["type"] == "SGD"  # the wrapper keeps the optimizer's identity
     for w1, w2 in zip(one["weights"], two["weights"], strict=True):
         np.testing.assert_allclose(np.array(w2), np.array(w1), rtol=1e-5, atol=1e-6)
@@ -32,8 +32,10 @@ def test_two_ranks_on_half_batches_match_one_rank_on_the_full_batch() -> None:
     assert not np.allclose(np.array(untouched["weights"][0]), np.array(one["weights"][0]))
 
 
-def test_fit_logs_one_series_per_metric_checkpoints_and_a_loadable_model(store: str) -> None:
-    runner = HorovodRunner(np=-2)
+def test_fit_logs_one_series_per_metric_checkpoints_and_a_loadable_model(
+    store: str, warm_ranks: Any
+) -> None:
+    runner = warm_ranks
     result = runner.run(digits_keras.train, epochs=2)
     client = mlflow.MlflowClient()
     run_id = runner.last_run_id
@@ -123,7 +125,9 @@ def test_a_logged_models_signature_is_what_the_model_declares() -> None:
     assert declared_signature(Subclassed()) is None  # declares nothing
 
 
-def test_resume_after_a_failure_continues_from_the_last_checkpoint(store: str) -> None:
+def test_resume_after_a_failure_continues_from_the_last_checkpoint(
+    store: str, warm_ranks: Any
+) -> None:
     runner = HorovodRunner(np=-2, stop_grace=2)
     with pytest.raises(WorkerFailedError) as info:
         runner.run(digits_keras.train, epochs=4, fail_at_epoch=2, log_model=False)
@@ -136,7 +140,7 @@ def test_resume_after_a_failure_continues_from_the_last_checkpoint(store: str) -
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1]
 
     with mlflow.start_run(run_id=run_id):  # the same run, started again
-        result = HorovodRunner(np=-2).run(digits_keras.train, epochs=4, log_model=False)
+        result = warm_ranks.run(digits_keras.train, epochs=4, log_model=False)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run_id}@epoch_1"
@@ -147,8 +151,8 @@ def test_resume_after_a_failure_continues_from_the_last_checkpoint(store: str) -
     assert result["test_accuracy"] > 0.5
 
 
-def test_misuse_of_the_keras_layer_is_refused_on_every_rank() -> None:
-    found = HorovodRunner(np=-2, track=False).run(workers.keras_misuse)
+def test_misuse_of_the_keras_layer_is_refused_on_every_rank(warm_ranks: Any) -> None:
+    found = warm_ranks.run(workers.keras_misuse)
     assert found == {
         "scale": "learning_rate must be > 0, got 0",
         "optimizer": "DistributedOptimizer needs a keras.optimizers.Optimizer, got str",

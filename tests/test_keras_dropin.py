@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import workers
@@ -16,11 +17,13 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "databricks_keras.py"
 
 
 @pytest.mark.slow
-def test_databricks_training_function_runs_with_only_its_import_changed(tmp_path: Path) -> None:
+def test_databricks_training_function_runs_with_only_its_import_changed(
+    tmp_path: Path, warm_ranks: Any
+) -> None:
     import databricks_keras
 
     ckpt = tmp_path / "ckpt.weights.h5"
-    sums = HorovodRunner(np=-2, track=False).run(
+    sums = warm_ranks.run(
         databricks_keras.train_hvd, checkpoint_path=str(ckpt), epochs=2
     )
     assert len(sums) == 2 and sums[0] == sums[1], sums  # gradients averaged: same weights
@@ -56,8 +59,8 @@ def test_horovods_own_keras_layer_fails_at_once_under_keras_3(tmp_path: Path) ->
     )
 
 
-def test_the_drop_in_namespace_honours_or_refuses_horovods_arguments() -> None:
-    out = HorovodRunner(np=-2, track=False).run(workers.keras_dropin_checks)
+def test_the_drop_in_namespace_honours_or_refuses_horovods_arguments(warm_ranks: Any) -> None:
+    out = warm_ranks.run(workers.keras_dropin_checks)
     assert out["bpps"] == (
         "ConfigurationError: DistributedOptimizer: backward_passes_per_step=2 is not supported; "
         "accumulate gradients with Keras 3 itself: pass gradient_accumulation_steps=N to the "

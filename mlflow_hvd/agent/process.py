@@ -150,7 +150,8 @@ def _start_output_threads(
 
     threads.append(
         threading.Thread(
-            target=send_batches, args=(lines, launch.rank, sink, job_end), daemon=True
+            target=send_batches, args=(lines, launch.rank, sink, job_end),
+            name=f"mlflow-hvd-output-{launch.rank}", daemon=True,
         )
     )
     for t in threads:

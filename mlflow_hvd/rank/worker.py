@@ -67,7 +67,8 @@ def main() -> int:
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != boot.parent_pid:
         return EXIT_ORPHANED
-    threading.Thread(target=_watch_parent, args=(boot.parent_pid,), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(boot.parent_pid,), name="mlflow-hvd-watchdog",
+                     daemon=True).start()
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     rank = int(os.environ.get("HOROVOD_RANK", "0"))

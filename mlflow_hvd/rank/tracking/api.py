@@ -20,123 +20,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from mlflow_hvd.common import scratch
 from mlflow_hvd.common.tracking_server import (
-    check_local_artifacts,
-    check_server_reachable,
     is_outage,
-    run_facts,
 )
-from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.messages import TrackingTarget, UndeliveredTracking
-from mlflow_hvd.rank import context
-from mlflow_hvd.rank.tracking.delivery import Delivery
-from mlflow_hvd.rank.tracking.sender import Sender
-
-# MLflow's HTTP client retries for minutes by default; rank 0 retries by itself (with no
-# limit on time while training) so each call is kept short. Set them to override.
-HTTP_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
-}
-
-
-class _RankLogger:
-    """Rank 0's logging state: the delivery thread, its spool and the params it knows."""
-
-    def __init__(self, target: TrackingTarget) -> None:
-        self.target = target
-        # metric/param/tag batches go through the driver (no MLflow client on rank 0 for
-        # them); the client is created only for artifacts, models and restarts
-        self.sender = Sender(target, context.connector())
-        if not self.sender.relayed:  # no driver to write: import MLflow here (see Sender)
-            _ = self.sender.client
-        # Params already in the run (e.g. logged by `mlflow run`): same value is a no-op,
-        # a different one is refused here rather than failing later in the background.
-        # During an outage they are unknown; the store then refuses a conflict itself.
-        self._params: dict[str, str] = {}
-        self.source_tags: dict[str, str] = {}  # the driver's program, for log_model
-        self.last_step = 0  # the latest step logged: a model is linked to its metrics
-        self._artifacts_checked = False
-        facts = target.facts
-        if facts is None:  # a restarted attempt: ask the server what the run has now
-            try:
-                run = self.client.get_run(target.run_id)
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-            else:
-                facts = run_facts(run)
-        if facts is not None:
-            self._params = dict(facts.params)
-            self.source_tags = dict(facts.source_tags)
-        self.spool = scratch.new_dir("spool")
-        self.delivery = Delivery(target, self.sender, self.spool)
-
-    @property
-    def client(self) -> Any:
-        """An ``MlflowClient`` for the run's store (imports MLflow on first use)."""
-        return self.sender.client
-
-    def put_artifact(self, path: str, artifact_dir: str) -> None:
-        """Queue a staged file for upload from rank 0.
-
-        MLflow is imported here, on the caller's thread, before the delivery thread needs
-        it: MLflow's package imports itself in cycles that break when two threads import
-        it at once (the training code may be importing ``mlflow.models`` right then)."""
-        self.check_artifacts()
-        _ = self.sender.client
-        self.delivery.put(rec.Artifact(path, artifact_dir))
-
-    def check_artifacts(self) -> None:
-        """Raise :class:`TrackingError` if the run's artifacts are on the driver's disk and
-        this host does not see it (checked once)."""
-        if not self._artifacts_checked:
-            check_local_artifacts(self.target.local_artifacts, f"rank 0 on host {_host}")
-            self._artifacts_checked = True
-
-    def check_param(self, key: str, value: str, keep_existing: bool = False) -> bool:
-        """True if the param must be sent; False if already logged (with this value, or with
-        any value when ``keep_existing``)."""
-        old = self._params.get(key)
-        if old is None:
-            self._params[key] = value
-            return True
-        if old != value and not keep_existing:
-            raise ConfigurationError(
-                f"param {key!r} was already logged as {old!r}; MLflow refuses to change it to "
-                f"{value!r}. Log changing values as metrics or tags instead"
-            )
-        return False
-
-    def flush(self, timeout: float | None = None) -> None:
-        self.delivery.flush(self.target.tracking_timeout if timeout is None else timeout)
-
-    def close(self, timeout: float, host: str) -> tuple[UndeliveredTracking | None, str]:
-        try:
-            return self.delivery.close(timeout, host)
-        finally:
-            self.sender.close()
-            shutil.rmtree(self.spool, ignore_errors=True)
-
-
-_lock = threading.RLock()  # re-entrant: the SIGTERM handler may interrupt a holder
-_logger: _RankLogger | None = None
-_target: TrackingTarget | None = None
-_rank = 0
-_host = ""
-_monitor: Any = None
-_closing: _RankLogger | None = None
+from mlflow_hvd.rank.tracking.session import SESSION, RankLogger
 
 
 def configure(target: TrackingTarget | None, rank: int, local_rank: int, host: str) -> None:
@@ -146,15 +40,7 @@ def configure(target: TrackingTarget | None, rank: int, local_rank: int, host: s
         TrackingError: On rank 0, a tracking server that does not accept connections from
             this host (checked before training, not after it).
     """
-    global _target, _rank, _logger, _monitor, _host, _closing
-    if target is not None and rank == 0:
-        for key, value in HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-        check_server_reachable(target.tracking_uri, f"rank 0 on host {host}")
-    with _lock:
-        _target, _rank, _logger, _host, _closing = target, rank, None, host, None
-        if target is not None and target.system_metrics and local_rank == 0:
-            _monitor = _start_system_metrics(target, host)
+    SESSION.configure(target, rank, local_rank, host)
 
 
 def shutdown(timeout: float | None = None) -> tuple[UndeliveredTracking | None, str]:
@@ -164,62 +50,29 @@ def shutdown(timeout: float | None = None) -> tuple[UndeliveredTracking | None, 
     Returns:
         (what could not be delivered, or None; a refusal message, or "").
     """
-    global _logger, _monitor, _closing
-    with _lock:
-        logger, monitor = _logger, _monitor
-        _logger = _monitor = None
-        if logger is None:  # a SIGTERM during a shutdown: finish that one, sooner
-            logger = _closing
-        _closing = logger
-    if monitor is not None:
-        try:
-            monitor.finish()
-        except Exception as exc:  # system metrics are samples, not the job's data: say so
-            sys.stderr.write(f"mlflow_hvd: the system-metrics monitor did not stop cleanly "
-                             f"(its last samples may be missing): {exc}\n")
-    if logger is None:
-        return None, ""
-    return logger.close(logger.target.tracking_timeout if timeout is None else timeout, _host)
-
-
-def _start_system_metrics(target: TrackingTarget, host: str) -> Any:
-    """One system-metrics monitor per node (local rank 0), its series named by host."""
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-    monitor = SystemMetricsMonitor(
-        target.run_id, sampling_interval=2, node_id=host, tracking_uri=target.tracking_uri
-    )
-    monitor.start()
-    return monitor
+    return SESSION.shutdown(timeout)
 
 
 def is_logging_rank() -> bool:
     """The one gate: True only on rank 0 of a job that tracks to an MLflow run."""
-    return _target is not None and _rank == 0
+    return SESSION.is_logging_rank()
 
 
 def run_id() -> str | None:
     """The driver's MLflow run id (on every rank), or None when not tracking."""
-    return _target.run_id if _target is not None else None
+    target = SESSION.target
+    return target.run_id if target is not None else None
 
 
 def tracking_target() -> TrackingTarget | None:
     """The driver's run as workers see it (on every rank), or None."""
-    return _target
+    return SESSION.target
 
 
-def _require() -> _RankLogger | None:
+def _require() -> RankLogger | None:
     """The logger on the logging rank (created on first use: a job that never logs does
     not pay for importing MLflow in its workers), None elsewhere."""
-    global _logger
-    if not is_logging_rank():
-        return None
-    if _logger is not None:  # per-step calls: no lock once the logger exists
-        return _logger
-    with _lock:
-        if _logger is None and _target is not None:
-            _logger = _RankLogger(_target)
-        return _logger
+    return SESSION.logger()
 
 
 def log_param(key: str, value: Any) -> None:
@@ -319,7 +172,7 @@ def log_dict(data: Mapping[str, Any], artifact_file: str) -> None:
     logger.put_artifact(path, os.path.dirname(artifact_file))
 
 
-def scratch_file_dir(logger: _RankLogger) -> str:
+def scratch_file_dir(logger: RankLogger) -> str:
     """A new folder in the spool for a file to upload (removed once uploaded)."""
     return tempfile.mkdtemp(dir=logger.spool)
 

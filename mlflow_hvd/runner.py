@@ -154,7 +154,9 @@ class HorovodRunner:
         self._max_failures = check_positive_int("max_failures", max_failures, 0)
         self._pool: RankPool | None = None
         self._booting: Future[Any] | None = None  # a SparkSession starting (see prepare)
-        self._booting_master = ""  # the master it starts on
+        # (active session or None, master URL) as prepare() resolved them for this run: the
+        # master is resolved (and a standalone one probed) once per run
+        self._chosen: tuple[Any, str] | None = None
         self.last_job_id: str | None = None
         self.last_run_id: str | None = None
         """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
@@ -189,6 +191,8 @@ class HorovodRunner:
         if not callable(main):
             raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
         code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
+        if self._booting is None:
+            self._chosen = None  # resolve the master afresh for this run
         self.prepare()  # a new SparkSession boots while MLflow's run is being set up
         with sigterm_interrupts():
             if not self._track:
@@ -334,14 +338,18 @@ class HorovodRunner:
 
         if self._spark is not None:
             master = str(self._spark.sparkContext.master)
-        elif self._booting is not None:
-            master = self._booting_master  # resolved by prepare: no second probe
         else:
+            master = self._choose()[1]
+        return {"backend": SparkBackend.name, "spark_master": master}
+
+    def _choose(self) -> tuple[Any, str]:
+        """(active session or None, master URL) for this run, resolved once."""
+        if self._chosen is None:
             from mlflow_hvd.backends.spark.session import resolve_master
 
-            _, master = resolve_master(self.num_processor, self._spark_master,
-                                       self._slot_timeout)
-        return {"backend": SparkBackend.name, "spark_master": master}
+            self._chosen = resolve_master(self.num_processor, self._spark_master,
+                                          self._slot_timeout)
+        return self._chosen
 
     def prepare(self) -> None:
         """Start what ``run`` needs ahead of it: with ``np > 0`` and no SparkSession yet,
@@ -355,10 +363,9 @@ class HorovodRunner:
         """
         if self.num_processor < 0 or self._spark is not None or self._booting is not None:
             return
-        from mlflow_hvd.backends.spark.session import new_session, resolve_master
+        from mlflow_hvd.backends.spark.session import new_session
 
-        active, master = resolve_master(self.num_processor, self._spark_master,
-                                        self._slot_timeout)
+        active, master = self._choose()
         if active is not None:
             return
         booting: Future[Any] = Future()
@@ -370,11 +377,9 @@ class HorovodRunner:
                 booting.set_exception(exc)
 
         threading.Thread(target=boot, name="mlflow-hvd-spark-boot", daemon=True).start()
-        self._booting, self._booting_master = booting, master
+        self._booting = booting
 
     def _session(self) -> Any:
-        from mlflow_hvd.backends.spark.session import get_or_create_session
-
         if self._spark is not None:
             return self._spark
         self.prepare()
@@ -382,16 +387,19 @@ class HorovodRunner:
         if booting is not None:
             wait = self._settings.start_timeout
             try:
-                return booting.result(timeout=wait)
+                session = booting.result(timeout=wait)
+                self._chosen = (session, self._choose()[1])  # active from now on
+                return session
             except FutureTimeout:
                 raise BackendError(
-                    f"the SparkSession on {self._booting_master} did not start within {wait:g}s "
+                    f"the SparkSession on {self._choose()[1]} did not start within {wait:g}s "
                     "(start_timeout): Spark's JVM is hung or very slow to start; check "
                     "JAVA_HOME and Spark's driver log, or raise start_timeout"
                 ) from None
             finally:
                 self._booting = None  # after a failure the next run tries again
-        return get_or_create_session(self.num_processor, self._spark_master, self._slot_timeout)
+        active, _ = self._choose()
+        return active  # prepare() boots a session whenever none is active
 
     def _backend(self) -> tuple[Backend, str]:
         if self.num_processor < 0:

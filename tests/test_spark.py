@@ -100,3 +100,21 @@ def test_np_larger_than_the_cluster_fails_at_once(spark: Any) -> None:
         "HorovodRunner(slot_timeout=...) if executors are still starting"
     )
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+
+
+def test_the_master_is_resolved_once_per_run(spark: Any, store: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow_hvd.backends.spark import session
+
+    calls: list[str | None] = []
+    resolve = session.resolve_master
+
+    def counted(np: int, master: str | None = None, timeout: float = 30.0) -> Any:
+        calls.append(master)
+        return resolve(np, master, timeout)
+
+    monkeypatch.setattr(session, "resolve_master", counted)
+    runner = HorovodRunner(np=2)  # the active session; tracked: the master is also a tag
+    assert runner.run(workers.echo, x=1)["kwargs"] == {"x": 1}
+    assert runner.run(workers.echo, x=2)["kwargs"] == {"x": 2}
+    assert calls == [None, None]  # once per run, not once per use

@@ -196,7 +196,7 @@ def _network(subnet: ipaddress.IPv4Network) -> tuple[str, dict[str, str]]:
     return driver_ip, node_ips
 
 
-def _kept_under_tmp() -> list[Path]:
+def kept_under_tmp() -> list[Path]:
     """What must stay visible inside a node whose /tmp is private: the project and the
     Python environment (the "same image" on every node), when they live under /tmp."""
     paths = {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve()}
@@ -213,11 +213,11 @@ def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
     stage = f"/run/{PREFIX}-{node}-keep"
     keep_in = "".join(
         f"mkdir -p {stage}/{i} && mount --bind {p} {stage}/{i} && "
-        for i, p in enumerate(_kept_under_tmp())
+        for i, p in enumerate(kept_under_tmp())
     )
     keep_out = "".join(
         f"mkdir -p {p} && mount --bind {stage}/{i} {p} && "
-        for i, p in enumerate(_kept_under_tmp())
+        for i, p in enumerate(kept_under_tmp())
     )
     script = (
         f"hostname {node} && mount --bind {hosts_file} /etc/hosts && "

@@ -88,11 +88,22 @@ def loopback_server(_loopback_server: Any) -> Iterator[Any]:
         _loopback_server.restart()
 
 
+def sqlite_store(folder: Path) -> str:
+    """A new SQLite store in ``folder`` whose artifacts go to ``folder/artifacts``, never into
+    the checkout (a SQLite store's default artifact root is ``./mlruns`` of the process that
+    creates it; the namespace cluster's nodes see the checkout)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    uri = f"sqlite:///{folder}/mlflow.db"
+    SqlAlchemyStore(uri, str(folder / "artifacts"))  # creates it, experiment 0 included
+    return uri
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Tests that do not pick a store track into one SQLite file of the test session,
-    never into the checkout (MLflow's default is ``./mlflow.db``)."""
-    uri = f"sqlite:///{tmp_path_factory.mktemp('session-store')}/mlflow.db"
+    never into the checkout (MLflow's default is ``./mlflow.db`` and ``./mlruns``)."""
+    uri = sqlite_store(tmp_path_factory.mktemp("session-store"))
     old = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     yield uri
@@ -109,7 +120,7 @@ def restore_tracking_uri(session_store: str) -> Iterator[None]:
 @pytest.fixture()
 def store(tmp_path: Path) -> Iterator[str]:
     """A fresh SQLite MLflow store for one test, set as the tracking URI."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path)
     old = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     yield uri

@@ -19,6 +19,7 @@ from mlflow_hvd.protocol.channel import (
     ChannelClient,
     encode_frame,
     handshake_reply,
+    read_frame,
     sign,
 )
 from mlflow_hvd.protocol.messages import OutputLines, RankDisconnected, Stream, WorkerStarted
@@ -258,3 +259,100 @@ def test_a_request_the_driver_does_not_answer_in_time_is_a_channel_error() -> No
         release.set()
         client.close()
         srv.stop()
+
+
+class _FakeDriver:
+    """A listening socket that speaks the driver's side of the handshake by hand, then
+    answers each frame with the byte the test chooses (or closes the connection)."""
+
+    def __init__(self, answer: bytes | None, handshake: bool = True) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.answer, self.handshake = answer, handshake
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            if not self.handshake:
+                return  # closes at once: the handshake never completes
+            conn.sendall(MAGIC + os.urandom(32))
+            conn.recv(len(MAGIC) + 32, socket.MSG_WAITALL)
+            conn.sendall(b"\x01")
+            header = conn.recv(len(MAGIC) + 8 + 32, socket.MSG_WAITALL)
+            (length,) = struct.unpack(">Q", header[len(MAGIC):len(MAGIC) + 8])
+            conn.recv(length, socket.MSG_WAITALL)
+            if self.answer is not None:
+                conn.sendall(self.answer)
+
+    def close(self) -> None:
+        self.thread.join(timeout=10)
+        self.listener.close()
+
+
+def test_a_driver_that_breaks_off_the_handshake_is_a_channel_error() -> None:
+    fake = _FakeDriver(None, handshake=False)
+    try:
+        with pytest.raises(ChannelError, match=(
+            rf"^the mlflow_hvd driver at 127.0.0.1:{fake.port} did not complete the handshake: "
+        )):
+            ChannelClient("127.0.0.1", fake.port, SECRET, timeout=5)
+    finally:
+        fake.close()
+
+
+def test_a_message_the_driver_rejects_is_an_authentication_error() -> None:
+    fake = _FakeDriver(b"\x00")  # ACK_REJECTED
+    client = ChannelClient("127.0.0.1", fake.port, SECRET, timeout=5)
+    try:
+        with pytest.raises(AuthenticationError,
+                           match="^the driver rejected the message: wrong run secret$"):
+            client.send(WorkerStarted(0, "h"))
+    finally:
+        client.close()
+        fake.close()
+
+
+def test_a_request_answered_with_a_plain_ack_is_a_channel_error() -> None:
+    from mlflow_hvd.protocol.messages import AwaitJob
+
+    fake = _FakeDriver(b"\x01")  # ACK_OK: no answer frame follows
+    client = ChannelClient("127.0.0.1", fake.port, SECRET, timeout=5)
+    try:
+        with pytest.raises(ChannelError, match=(
+            rf"^the driver at 127.0.0.1:{fake.port} did not answer AwaitJob \(ack b'\\x01'\)$"
+        )):
+            client.request(AwaitJob(0), timeout=5)
+    finally:
+        client.close()
+        fake.close()
+
+
+def test_a_send_that_cannot_get_the_connection_in_time_is_not_sent() -> None:
+    received: list[object] = []
+    srv = ChannelServer(SECRET, received.append, bind_host="127.0.0.1")
+    srv.start()
+    client = ChannelClient("127.0.0.1", srv.port, SECRET, timeout=5)
+    try:
+        # another send in progress (e.g. interrupted by a signal handler)
+        with client._lock, pytest.raises(ChannelError, match=(
+            "^another send is in progress; WorkerStarted not sent$"
+        )):
+            client.send(WorkerStarted(0, "h"), lock_timeout=0.1)
+        assert received == []
+    finally:
+        client.close()
+        srv.stop()
+
+
+def test_a_challenge_or_frame_from_a_stranger_is_refused_before_anything_is_read() -> None:
+    with pytest.raises(AuthenticationError, match=r"^bad challenge b'HTTP/1\.1': not an "
+                       "mlflow_hvd driver$"):
+        handshake_reply(SECRET, b"HTTP/1.1 200 OK\r\n" + b"x" * 20)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"GET / HTTP/1.1\r\n")
+        with pytest.raises(AuthenticationError, match=r"^bad frame header b'GET /': not an "
+                           "mlflow_hvd peer$"):
+            read_frame(b, SECRET)

@@ -322,3 +322,13 @@ def test_tasks_that_disagree_on_the_layout_fail_the_job() -> None:
         "the first task (hosts seen: h, other); do the executors' hostnames resolve "
         "consistently?"
     )
+
+
+def test_an_outcome_with_neither_value_nor_error_is_refused() -> None:
+    from mlflow_hvd.driver.supervisor import Outcome
+
+    assert Outcome(value=b"v").unwrap() == b"v"
+    with pytest.raises(StartTimeoutError, match="^late$"):
+        Outcome(error=StartTimeoutError("late")).unwrap()
+    with pytest.raises(BackendError, match="^the job ended with neither a value nor an error$"):
+        Outcome().unwrap()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlflow_hvd.backends.spark import jvm
-from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.errors import BackendError, ConfigurationError
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -85,3 +85,36 @@ def test_a_new_session_loads_sparks_classes_from_the_archive(tmp_path: Path) -> 
     spark_lines = [ln for ln in loads.read_text().splitlines()
                    if " org.apache.spark.SparkContext " in ln]
     assert spark_lines and "shared objects file (top)" in spark_lines[0], spark_lines
+
+
+def test_a_build_whose_child_fails_names_its_exit_and_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    child = tmp_path / "python"  # stands in for the interpreter that would start the JVM
+    child.write_text("#!/bin/sh\necho 'the JVM said no' >&2\nexit 3\n")
+    child.chmod(0o755)
+    monkeypatch.setattr(jvm.sys, "executable", str(child))
+    with pytest.raises(BackendError) as info:
+        jvm.build_archive(timeout=60, env=_env(tmp_path))
+    assert str(info.value) == (
+        "building Spark's class-data archive failed (exit 3); the end of its output:\n"
+        "the JVM said no\n")
+    assert list((tmp_path / "cache").rglob("*.jsa*")) == []  # nothing half-written is kept
+
+
+def test_a_build_past_its_deadline_is_stopped_and_named(tmp_path: Path) -> None:
+    with pytest.raises(BackendError, match=(
+        r"^building Spark's class-data archive did not finish within 0.5 s$"
+    )):
+        jvm.build_archive(timeout=0.5, env=_env(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_jvm_that_cannot_write_the_archive_is_a_failed_build(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", jvm.__name__, str(tmp_path / "no-such-dir" / "x.jsa"), "120"],
+        capture_output=True, text=True, timeout=300, env=_env(tmp_path),
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.rstrip().endswith(
+        "the JVM exited with status 1 while writing the archive")

@@ -158,6 +158,8 @@ def test_misuse_of_the_keras_layer_is_refused_on_every_rank(warm_ranks: Any) -> 
         "optimizer": "DistributedOptimizer needs a keras.optimizers.Optimizer, got str",
         "warmup": "warmup_epochs must be >= 0 and steps_per_epoch >= 1, got -1 and 10",
         "every": "log_every_n_steps must be >= 1, got 0",
+        "steps": "LearningRateWarmupCallback needs steps_per_epoch: fit did not report its "
+        "number of steps (a dataset of unknown length); pass steps_per_epoch=...",
         "restore": "compile the model before restore_from_checkpoint: the checkpoint restores "
         "the optimizer's state too",
         "xla": "the model was compiled with jit_compile=True (XLA); Horovod's allreduce has no "

@@ -176,3 +176,33 @@ def test_a_bad_log_level_names_the_variable() -> None:
 
     with pytest.raises(ValueError, match=r"^MLFLOW_HVD_LOG_LEVEL='loud' is not a logging level"):
         logs.enable("loud")
+
+
+def test_a_job_that_fails_every_attempt_lists_each_cause() -> None:
+    from mlflow_hvd.errors import RetriesExhaustedError
+
+    runner = HorovodRunner(np=-2, track=False, max_failures=1, stop_grace=2)
+    with pytest.raises(RetriesExhaustedError) as info:
+        runner.run(workers.raise_on_rank_1)
+    failures = info.value.failures
+    assert [type(f).__name__ for f in failures] == ["WorkerFailedError", "WorkerFailedError"]
+    assert all(f.rank == 1 for f in failures)  # type: ignore[attr-defined]
+    message = str(info.value).splitlines()
+    assert message[:3] == [
+        "the job failed on all 2 attempts:",
+        "attempt 0: WorkerFailedError: Rank 1 on host localhost failed (exit code 1) [root "
+        "cause]: ValueError: boom from rank 1",
+        "attempt 1: WorkerFailedError: Rank 1 on host localhost failed (exit code 1) [root "
+        "cause]: ValueError: boom from rank 1",
+    ]
+    assert message[3] == "Last attempt in full:"
+    assert_no_workers_left()
+
+
+def test_a_run_that_refuses_rank_0s_records_fails_the_job_naming_them() -> None:
+    with pytest.raises(WorkerFailedError) as info:
+        HorovodRunner(np=-1).run(workers.log_into_a_deleted_run)
+    assert info.value.root_cause.error.startswith(
+        "TrackingError: the tracking store refused 1 metric value for run "
+    )
+    assert "(not logged)" in info.value.root_cause.error

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import threading
+import time
 from typing import Any
 
 import mlflow
@@ -122,4 +125,73 @@ def test_warm_ranks_idle_past_the_limit_are_retired_and_replaced(
         " idle for 1s (idle limit): retiring its ranks") for m in said), said
     assert any("generation 1 cannot take it (the warm ranks are expired)" in m for m in said), said
     assert "generation 2: starting 2 ranks for job " in "\n".join(said)
+    assert_no_workers_left()
+
+
+class _NoRanks:
+    """A backend that starts nothing: the test plays the ranks over the channel."""
+
+    name = "none"
+
+    def start(self, job: Any, sink: Any) -> None: ...
+    def stop(self) -> None: ...
+    def wait(self, timeout: float) -> bool:
+        return True
+    def close(self) -> None: ...
+    def describe(self) -> dict[str, str]:
+        return {}
+
+
+def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation() -> None:
+    from mlflow_hvd.driver.pool import GenerationState, _Generation
+    from mlflow_hvd.driver.supervisor import DriverSettings
+    from mlflow_hvd.errors import BackendError
+    from mlflow_hvd.protocol.channel import ChannelClient
+    from mlflow_hvd.protocol.messages import AwaitJob, Retire
+
+    gen = _Generation(2, _NoRanks(), "127.0.0.1", DriverSettings(), None)
+    answers: list[object] = []
+    client = ChannelClient("127.0.0.1", gen.port, gen.secret, timeout=10)
+    asks = threading.Thread(target=lambda: answers.append(client.request(AwaitJob(0), 30)))
+    try:
+        asks.start()  # rank 0 asks for the next job; rank 1 never does
+        wait_until(lambda: gen._waiting == {0}, 10, "rank 0 waiting for the next job")
+        with pytest.raises(BackendError, match=(
+            "^pooled ranks 1 did not ask for the next job in time$"
+        )):
+            gen.hand_out(b"next", time.monotonic() + 0.3)
+    finally:
+        gen.close(retire=True)
+        asks.join(timeout=10)
+        client.close()
+    assert gen.state is GenerationState.RETIRING
+    assert [type(a) for a in answers] == [Retire]  # the waiting rank was let go
+
+
+def test_a_rank_lost_after_taking_a_job_but_before_starting_it_reruns_the_job(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="mlflow_hvd")
+    runner = HorovodRunner(np=-2, track=False, stop_grace=2)
+    with runner:
+        assert runner.run(workers.echo, x=1)["kwargs"] == {"x": 1}
+        (rank_1,) = [p for p in worker_processes() if p.environ().get("HOROVOD_RANK") == "1"]
+        rank_1.send_signal(signal.SIGSTOP)  # it asked for the next job; it will not take it
+        done: dict[str, Any] = {}
+        second = threading.Thread(target=lambda: done.update(out=runner.run(workers.echo, x=2)))
+        second.start()
+        try:
+            wait_until(lambda: any("handed to generation 1" in r.getMessage()
+                                   for r in caplog.records), 60, "the job handed to rank 1")
+            rank_1.kill()  # lost before it could start the job
+            second.join(timeout=120)
+        finally:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank_1.kill()
+            second.join(timeout=60)
+        assert runner._pool is not None and runner._pool.generations == 2
+    assert done["out"]["kwargs"] == {"x": 2}  # run again, on new ranks
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("attempt 1 never ran (ranks of generation 1 died after taking job ")
+               for m in said), said
     assert_no_workers_left()

@@ -358,3 +358,20 @@ def test_attempt_records_a_store_refuses_are_warned_about_not_saved(
         f"in run {'0' * 32} (not recorded: metric mlflow_hvd.attempt=1): "
     ) in caplog.text
     assert not root.exists()  # sending it again would be refused again: nothing kept
+
+
+def test_a_broken_delivery_thread_is_raised_by_the_next_flush(store: str, tmp_path: Path) -> None:
+    from mlflow_hvd.protocol.messages import TrackingTarget
+    from mlflow_hvd.rank.tracking.delivery import Delivery, DeliveryState
+
+    client = mlflow.MlflowClient()
+    run = client.create_run("0")
+    logger = Delivery(TrackingTarget(store, run.info.run_id, "0"), _direct(client, run.info.run_id),
+                      str(tmp_path))
+    logger.put(Metric("m", "not a number", 0, 0))  # the thread's conversion fails: a bug
+    with pytest.raises(TrackingError, match=(
+        rf"^the MLflow delivery thread of run {run.info.run_id} failed: ValueError: could not "
+        "convert string to float: 'not a number'$"
+    )):
+        logger.flush(timeout=30)
+    assert logger.state is DeliveryState.BROKEN

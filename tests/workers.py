@@ -245,6 +245,13 @@ def keras_misuse() -> dict[str, str]:
     catch("optimizer", lambda: hk.DistributedOptimizer("adam"))
     catch("warmup", lambda: hk.LearningRateWarmupCallback(0.1, -1, steps_per_epoch=10))
     catch("every", lambda: hk.MlflowCallback(log_every_n_steps=0))
+
+    def warmup_without_steps() -> None:  # fit of a dataset of unknown length
+        cb = hk.LearningRateWarmupCallback(0.1, warmup_epochs=1)
+        cb.set_params({"epochs": 1})
+        cb.on_train_begin()
+
+    catch("steps", warmup_without_steps)
     catch("restore", lambda: hk.restore_from_checkpoint(keras.Sequential([keras.Input((4,))])))
     catch("xla", lambda: on_train_begin(model(1, jit_compile=True)))
     # rank 0 builds one more layer than the others: broadcasting would hang or corrupt
@@ -497,3 +504,15 @@ def burst_during_outage(n: int, down: str, spilled: str, back: str) -> int:
     _wait_for_file(back, 180)
     tracking.flush(timeout=180)
     return count
+
+
+def log_into_a_deleted_run() -> None:
+    """Rank 0 deletes the job's run (the store now refuses writes to it), then logs."""
+    from mlflow import MlflowClient
+
+    from mlflow_hvd import tracking
+
+    target = tracking.tracking_target()
+    assert target is not None, "run this with tracking on"
+    MlflowClient(tracking_uri=target.tracking_uri).delete_run(target.run_id)
+    tracking.log_metric("m", 1.0, step=0)

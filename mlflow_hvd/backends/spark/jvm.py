@@ -127,7 +127,7 @@ def build_archive(timeout: float = 300.0, env: Mapping[str, str] = os.environ) -
     cmd = [sys.executable, "-m", __name__, str(partial), str(timeout)]
     try:
         proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True,
-                              timeout=timeout + 30, check=False)
+                              timeout=timeout, check=False)
         if proc.returncode != 0 or not partial.is_file():
             raise BackendError(
                 f"building Spark's class-data archive failed (exit {proc.returncode}); the "
@@ -136,7 +136,7 @@ def build_archive(timeout: float = 300.0, env: Mapping[str, str] = os.environ) -
         os.replace(partial, target)
     except subprocess.TimeoutExpired:
         raise BackendError(
-            f"building Spark's class-data archive did not finish within {timeout:.0f} s"
+            f"building Spark's class-data archive did not finish within {timeout:g} s"
         ) from None
     finally:
         partial.unlink(missing_ok=True)

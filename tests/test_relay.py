@@ -190,3 +190,23 @@ def _closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def test_an_outage_the_driver_reports_reaches_rank_0_as_a_connection_error() -> None:
+    from mlflow_hvd.common.tracking_server import is_outage
+
+    target = TrackingTarget("http://127.0.0.1:9", "r1", "0")  # nothing listens on port 9
+    relay = Relay(target)
+    server = ChannelServer(SECRET, lambda message: None, "127.0.0.1",
+                           lambda request: relay.answer(request))
+    server.start()
+    try:
+        sender = Sender(target, _connect(server))
+        with pytest.raises(ConnectionError) as down:
+            sender([Metric("m", 1.0, 1000, 0)])
+        sender.close()
+    finally:
+        server.stop()
+    assert is_outage(down.value)
+    assert str(down.value).startswith(
+        "the driver cannot connect to the tracking server at http://127.0.0.1:9: ")

@@ -5,16 +5,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.backends.local import LocalBackend
+from mlflow_hvd.backends.spark.boot import SessionBoot
 from mlflow_hvd.backends.spark.master import standalone_addresses
 from mlflow_hvd.common.options import check_np, check_positive_int, check_seconds
 from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
@@ -153,10 +151,7 @@ class HorovodRunner:
         self._undelivered_dir = undelivered_dir
         self._max_failures = check_positive_int("max_failures", max_failures, 0)
         self._pool: RankPool | None = None
-        self._booting: Future[Any] | None = None  # a SparkSession starting (see prepare)
-        # (active session or None, master URL) as prepare() resolved them for this run: the
-        # master is resolved (and a standalone one probed) once per run
-        self._chosen: tuple[Any, str] | None = None
+        self._boot = SessionBoot(self.num_processor, spark_master, self._slot_timeout)
         self.last_job_id: str | None = None
         self.last_run_id: str | None = None
         """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
@@ -191,8 +186,7 @@ class HorovodRunner:
         if not callable(main):
             raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
         code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
-        if self._booting is None:
-            self._chosen = None  # resolve the master afresh for this run
+        self._boot.new_run()  # the master is resolved once per run
         self.prepare()  # a new SparkSession boots while MLflow's run is being set up
         with sigterm_interrupts():
             if not self._track:
@@ -339,17 +333,8 @@ class HorovodRunner:
         if self._spark is not None:
             master = str(self._spark.sparkContext.master)
         else:
-            master = self._choose()[1]
+            master = self._boot.choice()[1]
         return {"backend": SparkBackend.name, "spark_master": master}
-
-    def _choose(self) -> tuple[Any, str]:
-        """(active session or None, master URL) for this run, resolved once."""
-        if self._chosen is None:
-            from mlflow_hvd.backends.spark.session import resolve_master
-
-            self._chosen = resolve_master(self.num_processor, self._spark_master,
-                                          self._slot_timeout)
-        return self._chosen
 
     def prepare(self) -> None:
         """Start what ``run`` needs ahead of it: with ``np > 0`` and no SparkSession yet,
@@ -361,45 +346,13 @@ class HorovodRunner:
             ConfigurationError: ``spark_master`` differs from the active session's master.
             BackendError: The configured standalone master does not answer.
         """
-        if self.num_processor < 0 or self._spark is not None or self._booting is not None:
-            return
-        from mlflow_hvd.backends.spark.session import new_session
-
-        active, master = self._choose()
-        if active is not None:
-            return
-        booting: Future[Any] = Future()
-
-        def boot() -> None:
-            try:
-                booting.set_result(new_session(master))
-            except BaseException as exc:  # handed to the waiter
-                booting.set_exception(exc)
-
-        threading.Thread(target=boot, name="mlflow-hvd-spark-boot", daemon=True).start()
-        self._booting = booting
+        if self.num_processor > 0 and self._spark is None:
+            self._boot.start()
 
     def _session(self) -> Any:
         if self._spark is not None:
             return self._spark
-        self.prepare()
-        booting = self._booting
-        if booting is not None:
-            wait = self._settings.start_timeout
-            try:
-                session = booting.result(timeout=wait)
-                self._chosen = (session, self._choose()[1])  # active from now on
-                return session
-            except FutureTimeout:
-                raise BackendError(
-                    f"the SparkSession on {self._choose()[1]} did not start within {wait:g}s "
-                    "(start_timeout): Spark's JVM is hung or very slow to start; check "
-                    "JAVA_HOME and Spark's driver log, or raise start_timeout"
-                ) from None
-            finally:
-                self._booting = None  # after a failure the next run tries again
-        active, _ = self._choose()
-        return active  # prepare() boots a session whenever none is active
+        return self._boot.session(self._settings.start_timeout)
 
     def _backend(self) -> tuple[Backend, str]:
         if self.num_processor < 0:

@@ -1,0 +1,95 @@
+"""Driver side: which SparkSession a run uses, chosen once per run, and a new one booted in
+the background while the caller goes on (``HorovodRunner.prepare``).
+
+The master is resolved (and a standalone one probed) once per run: the run's tags, the
+session and the backend all use that one choice. A session that does not come up within
+the runner's ``start_timeout`` is an error naming it, not a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from mlflow_hvd.errors import BackendError
+
+
+class SessionBoot:
+    """The SparkSession choice of one ``HorovodRunner`` (``np > 0``, no explicit session).
+
+    Args:
+        np: Number of ranks (an embedded ``local[max(np, cores)]`` master when nothing
+            names one).
+        spark_master: ``HorovodRunner(spark_master=...)``.
+        probe_timeout: Seconds a standalone master gets to accept a connection.
+    """
+
+    def __init__(self, np: int, spark_master: str | None, probe_timeout: float) -> None:
+        self.np, self.spark_master, self.probe_timeout = np, spark_master, probe_timeout
+        self._chosen: tuple[Any, str] | None = None  # (active session or None, master)
+        self._booting: Future[Any] | None = None  # a new session starting
+
+    def new_run(self) -> None:
+        """Forget the last run's choice (unless a boot it started is still under way)."""
+        if self._booting is None:
+            self._chosen = None
+
+    def choice(self) -> tuple[Any, str]:
+        """(active session or None, master URL), resolved once per run.
+
+        Raises:
+            ConfigurationError: ``spark_master`` differs from the active session's master.
+            BackendError: The configured standalone master does not answer.
+        """
+        if self._chosen is None:
+            from mlflow_hvd.backends.spark.session import resolve_master
+
+            self._chosen = resolve_master(self.np, self.spark_master, self.probe_timeout)
+        return self._chosen
+
+    def start(self) -> None:
+        """With no active session, boot one in a background thread (idempotent)."""
+        if self._booting is not None:
+            return
+        active, master = self.choice()
+        if active is not None:
+            return
+        from mlflow_hvd.backends.spark.session import new_session
+
+        booting: Future[Any] = Future()
+
+        def boot() -> None:
+            try:
+                booting.set_result(new_session(master))
+            except BaseException as exc:  # handed to the waiter
+                booting.set_exception(exc)
+
+        threading.Thread(target=boot, name="mlflow-hvd-spark-boot", daemon=True).start()
+        self._booting = booting
+
+    def session(self, timeout: float) -> Any:
+        """The run's session: the active one, or the one booting (waited for at most
+        ``timeout`` seconds, ``start_timeout``).
+
+        Raises:
+            BackendError: The session did not start in time.
+            Exception: Whatever starting the session raised.
+        """
+        self.start()
+        booting = self._booting
+        if booting is None:
+            return self.choice()[0]
+        try:
+            session = booting.result(timeout=timeout)
+            self._chosen = (session, self.choice()[1])  # active from now on
+            return session
+        except FutureTimeout:
+            raise BackendError(
+                f"the SparkSession on {self.choice()[1]} did not start within {timeout:g}s "
+                "(start_timeout): Spark's JVM is hung or very slow to start; check "
+                "JAVA_HOME and Spark's driver log, or raise start_timeout"
+            ) from None
+        finally:
+            self._booting = None  # after a failure the next run tries again

@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from typing import Any
 
 import mlflow
@@ -143,6 +142,7 @@ class _NoRanks:
 
 
 def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation() -> None:
+    from mlflow_hvd.common.deadline import Deadline
     from mlflow_hvd.driver.pool import GenerationState, _Generation
     from mlflow_hvd.driver.supervisor import DriverSettings
     from mlflow_hvd.errors import BackendError
@@ -159,7 +159,7 @@ def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation() -> 
         with pytest.raises(BackendError, match=(
             "^pooled ranks 1 did not ask for the next job in time$"
         )):
-            gen.hand_out(b"next", time.monotonic() + 0.3)
+            gen.hand_out(b"next", Deadline.after(0.3))
     finally:
         gen.close(retire=True)
         asks.join(timeout=10)

@@ -21,7 +21,6 @@ import logging
 import queue
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from typing import TextIO
 
@@ -154,7 +153,7 @@ class _Generation:
         log.info("generation %d: rank %d idle for %.0fs (idle limit): retiring its ranks",
                  self.number, rank, idle.seconds)
 
-    def hand_out(self, payload: bytes, deadline: float) -> None:
+    def hand_out(self, payload: bytes, deadline: Deadline) -> None:
         """Give ``payload`` to every rank once all wait for it.
 
         Raises:
@@ -170,14 +169,13 @@ class _Generation:
                     raise BackendError(f"a pooled rank ended between jobs: {gone}")
                 if len(self._waiting) >= self.np:
                     break
-                left = deadline - time.monotonic()
-                if left <= 0:
+                if deadline.passed():
                     missing = sorted(set(range(self.np)) - self._waiting)
                     raise BackendError(
                         f"pooled ranks {', '.join(map(str, missing))} did not ask for the "
                         "next job in time"
                     )
-                self._cond.wait(min(left, 0.1))
+                self._cond.wait(deadline.slice(0.1))
             self._drain_idle_messages()
             if self.rendezvous.slots is not None:  # a fresh round for Horovod's next init
                 self.rendezvous.server.init(to_slot_infos(self.rendezvous.slots))
@@ -281,7 +279,7 @@ class RankPool:
             if self._live is not None:
                 self._live.on_tracking_write = on_tracking_write
                 try:
-                    self._live.hand_out(payload, time.monotonic() + settings.start_timeout)
+                    self._live.hand_out(payload, Deadline.after(settings.start_timeout))
                     handed = True
                     log.info("job %s: handed to generation %d", job_id, self._live.number)
                 except BackendError as exc:

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from mlflow_hvd.common.deadline import Deadline
 from mlflow_hvd.common.tracking_server import is_outage
 from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.protocol import records as rec
@@ -115,22 +116,21 @@ class Delivery:
             TrackingError: Records were refused by the server, or the deadline passed
                 (the records stay queued and are delivered later).
         """
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         with self._cond:
             target = self._put
             self._flush_wanted = max(self._flush_wanted, target)
             self._cond.notify_all()
             while self._done < target:
                 self._raise_broken()
-                left = deadline - time.monotonic()
-                if left <= 0:
+                if deadline.passed():
                     n = target - self._done
                     raise TrackingError(
                         f"MLflow logging did not drain within {timeout:g}s: {n} "
                         f"record{'s' if n != 1 else ''} still queued for run "
                         f"{self.target.run_id}; {self._describe_outage()}"
                     )
-                self._cond.wait(min(left, 0.5))
+                self._cond.wait(deadline.slice(0.5))
             self._raise_refused()
 
     def close(self, timeout: float, host: str) -> tuple[UndeliveredTracking | None, str]:
@@ -139,13 +139,13 @@ class Delivery:
         Returns:
             (what was not delivered, or None; the refusal message, or "").
         """
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         with self._cond:
             self._flush_wanted = self._put
             self._cond.notify_all()
-            while (self._done < self._put and time.monotonic() < deadline
+            while (self._done < self._put and not deadline.passed()
                    and self.state is not DeliveryState.BROKEN):
-                self._cond.wait(min(deadline - time.monotonic(), 0.5))
+                self._cond.wait(deadline.slice(0.5))
             self._stop()
             complete = self._done >= self._put
         refusal = ""

@@ -8,6 +8,7 @@ that its whole tree can be ended.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -247,20 +248,34 @@ def spark_class() -> str:
 
 def start_spark_master(host: str, log_dir: Path, timeout: float = 60.0
                        ) -> tuple[subprocess.Popen[bytes], str, str]:
-    """A standalone master bound to ``host``; returns (process, spark:// URL, web UI URL)."""
-    port, ui = free_port(host), free_port(host)
-    proc = start(
-        [spark_class(), "org.apache.spark.deploy.master.Master", "--host", host,
-         "--port", str(port), "--webui-port", str(ui)],
-        log_dir / "master.log",
-    )
-    ui_url = f"http://{host}:{ui}"
-    try:
-        wait_until(lambda: http_json(f"{ui_url}/json/"), timeout, "Spark master web UI", proc)
-    except BaseException:
-        stop_group(proc)
-        raise
-    return proc, f"spark://{host}:{port}", ui_url
+    """A standalone master bound to ``host``; returns (process, spark:// URL, web UI URL).
+
+    The daemon takes port numbers, not bound sockets; a port taken meanwhile makes it exit
+    (``spark.port.maxRetries=0``: it must not move to a port this function did not name),
+    and it is started again on other free ports (three tries). The master's URL is read
+    back from its own web UI."""
+    env = {**os.environ, "SPARK_MASTER_OPTS": "-Dspark.port.maxRetries=0"}
+    for attempt in range(3):
+        port, ui = free_port(host), free_port(host)
+        proc = start(
+            [spark_class(), "org.apache.spark.deploy.master.Master", "--host", host,
+             "--port", str(port), "--webui-port", str(ui)],
+            log_dir / "master.log", env=env,
+        )
+        ui_url = f"http://{host}:{ui}"
+        try:
+            state = wait_until(functools.partial(http_json, f"{ui_url}/json/"), timeout,
+                               "Spark master web UI", proc)
+        except RuntimeError:  # it exited: a port was taken before it bound it
+            stop_group(proc)
+            if attempt == 2:
+                raise
+            continue
+        except BaseException:
+            stop_group(proc)
+            raise
+        return proc, str(state["url"]), ui_url
+    raise AssertionError("unreachable: the loop returns or raises")
 
 
 def alive_workers(ui_url: str) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ def train(epochs: int = 3, batch_size: int = 32, learning_rate: float = 0.001,
     from mlflow_hvd import tracking
     from mlflow_hvd.data import shard_arrays
     from mlflow_hvd.keras import broadcast_variables, scale_learning_rate
-    from mlflow_hvd.rank.tracking import checkpoints
+    from mlflow_hvd.tracking import checkpoints
 
     hvd.init()  # 1. initialise
     gpus = tf.config.list_physical_devices("GPU")  # 2. one GPU per process, if any

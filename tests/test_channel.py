@@ -356,3 +356,19 @@ def test_a_challenge_or_frame_from_a_stranger_is_refused_before_anything_is_read
         with pytest.raises(AuthenticationError, match=r"^bad frame header b'GET /': not an "
                            "mlflow_hvd peer$"):
             read_frame(b, SECRET)
+
+
+def test_a_driver_that_goes_away_before_its_answer_is_a_channel_error() -> None:
+    from mlflow_hvd.protocol.messages import AwaitJob
+
+    fake = _FakeDriver(b"\x02")  # ACK_REPLY, then the connection closes: no answer frame
+    client = ChannelClient("127.0.0.1", fake.port, SECRET, timeout=5)
+    try:
+        with pytest.raises(ChannelError, match=(
+            rf"^lost the connection to the driver at 127.0.0.1:{fake.port} while waiting for "
+            "its answer to AwaitJob: connection closed$"
+        )):
+            client.request(AwaitJob(0), timeout=5)
+    finally:
+        client.close()
+        fake.close()

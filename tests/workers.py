@@ -516,3 +516,11 @@ def log_into_a_deleted_run() -> None:
     assert target is not None, "run this with tracking on"
     MlflowClient(tracking_uri=target.tracking_uri).delete_run(target.run_id)
     tracking.log_metric("m", 1.0, step=0)
+
+
+def count_lines(n: int) -> int:
+    """A lightweight rank (no TensorFlow, no hvd.init): prints ``line 0`` .. ``line n-1``
+    and returns its rank."""
+    for i in range(n):
+        print(f"line {i}", flush=True)
+    return _rank()

@@ -34,6 +34,12 @@ from mlflow_hvd.protocol.messages import RankDisconnected, Request, Retire, Work
 
 log = logging.getLogger(__name__)
 
+# Every rank of a job connects at once (its agent, then its worker). Python's socketserver
+# listens with a backlog of 5: connections beyond it are dropped and the kernel retries them
+# with exponential backoff (seconds, then minutes), so large jobs missed their start deadline.
+# The kernel caps this at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
+
 
 def _check_handshake(sock: socket.socket, secret: bytes) -> None:
     """Driver side of the handshake (reads at most ``len(MAGIC) + 32`` bytes).
@@ -122,6 +128,7 @@ class _Handler(socketserver.BaseRequestHandler):
 class _TCPServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self,

@@ -5,10 +5,15 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from horovod.runner.http.http_server import RendezvousServer
+from horovod.runner.http.http_server import RendezvousHTTPServer, RendezvousServer
 
 from mlflow_hvd.common.layout import to_slot_infos
+from mlflow_hvd.driver.channel_server import LISTEN_BACKLOG
 from mlflow_hvd.protocol.messages import LayoutReport, RankSlot
+
+# Every rank calls horovod's rendezvous server at hvd.init(), all at once: its HTTP server
+# keeps socketserver's backlog of 5 unless configured (see channel_server.LISTEN_BACKLOG).
+RendezvousHTTPServer.request_queue_size = LISTEN_BACKLOG
 
 
 @dataclass(frozen=True)

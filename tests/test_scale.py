@@ -1,0 +1,66 @@
+"""Jobs of many ranks start reliably: every rank's connections reach the driver at once
+(the channel and horovod's rendezvous server listen with a backlog large enough for a
+whole job), every output line arrives, in order, and rank 0's value comes back. The ranks
+are lightweight (no TensorFlow), with the runner's default deadlines."""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import workers
+from conftest import assert_no_workers_left
+
+from mlflow_hvd import HorovodRunner
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parent
+LINE = re.compile(r"\[(\d+)\]<stdout>: line (\d+)")
+
+
+def _lines_by_rank(output: str) -> dict[int, list[int]]:
+    seen: dict[int, list[int]] = collections.defaultdict(list)
+    for line in output.splitlines():
+        m = LINE.fullmatch(line)
+        if m:
+            seen[int(m[1])].append(int(m[2]))
+    return seen
+
+
+def test_128_local_ranks_start_and_every_line_arrives_in_order(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    n = 200  # 25,600 lines: output keeps the driver busy while ranks connect
+    result = HorovodRunner(np=-128, track=False, driver_log_verbosity="all").run(
+        workers.count_lines, n=n)
+    assert result == 0
+    seen = _lines_by_rank(capsys.readouterr().out)
+    assert sorted(seen) == list(range(128))
+    assert all(lines == list(range(n)) for lines in seen.values())
+    assert_no_workers_left()
+
+
+def test_a_spark_barrier_stage_of_64_ranks(tmp_path: Path) -> None:
+    script = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "import workers\n"
+        "from mlflow_hvd import HorovodRunner\n"
+        "r = HorovodRunner(np=64, spark_master='local[64]', track=False,\n"
+        "                  driver_log_verbosity='all')\n"
+        "print('RESULT ' + json.dumps(r.run(workers.count_lines, n=5)), flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULT 0" in proc.stdout.splitlines()
+    seen = _lines_by_rank(proc.stdout)
+    assert sorted(seen) == list(range(64))
+    assert all(lines == list(range(5)) for lines in seen.values())
+    assert json.loads(proc.stdout.split("RESULT ")[-1]) == 0
+    assert_no_workers_left()

@@ -1,7 +1,7 @@
 """The lifecycle log: standard :mod:`logging` under ``mlflow_hvd.*``, quiet by default.
 
 Every job, attempt, generation of warm ranks, rank start and exit, and tracking outage says
-so at INFO (``job 3f2a...: rank 1 started on node-b (2 of 4, 1.9s)``). Nothing is shown
+so at INFO (``job mlflow-hvd-3f2a...: rank 1 started on node-b (2 of 4, 1.9s)``). Nothing is shown
 unless asked, with one switch: ``MLFLOW_HVD_LOG_LEVEL=INFO`` in the driver's environment (or
 ``mlflow_hvd.enable_logging()``). The driver hands its level to every job, so the host agents
 (in Spark tasks: the executor's stderr log) and the ranks (their stderr, relayed to the

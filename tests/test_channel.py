@@ -210,9 +210,48 @@ def test_unreachable_driver_names_address_and_what_to_check() -> None:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    expected = rf"cannot reach the mlflow_hvd driver at 127.0.0.1:{port}"
+    expected = (rf"cannot reach the mlflow_hvd driver at 127.0.0.1:{port} within 2s "
+                r"\(\d+ attempts\): connection refused: nothing listens there")
     with pytest.raises(ChannelError, match=expected):
         ChannelClient("127.0.0.1", port, SECRET, timeout=2)
+
+
+def test_a_driver_that_never_sends_its_challenge_is_named_as_such() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # accepted by the kernel, never by anyone: no challenge comes
+        port = listener.getsockname()[1]
+        with pytest.raises(ChannelError, match=r"within 1.5s \(1 attempts\): connected, but "
+                           r"the driver sent no challenge within 1.5s"):
+            ChannelClient("127.0.0.1", port, SECRET, timeout=1.5)
+
+
+def test_a_client_tries_again_until_the_driver_listens() -> None:
+    """The connection is refused at first (nothing listens yet), then the driver's port
+    opens: the client gets through within its deadline."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # free, and closed again
+    received: list[object] = []
+    servers: list[ChannelServer] = []
+
+    def open_late() -> None:
+        time.sleep(0.5)
+        servers.append(ChannelServer(SECRET, received.append, "127.0.0.1", port=port))
+        servers[0].start()
+
+    t = threading.Thread(target=open_late)
+    t.start()
+    try:
+        client = ChannelClient("127.0.0.1", port, SECRET, timeout=10)
+        client.send(WorkerStarted(0, "h"))
+        assert servers, "connected before the driver listened?"
+        assert received == [WorkerStarted(0, "h")]
+        client.close()
+    finally:
+        t.join()
+        for srv in servers:
+            srv.stop()
 
 
 def test_driver_closing_mid_send_is_a_channel_error() -> None:
@@ -294,10 +333,12 @@ class _FakeDriver:
 def test_a_driver_that_breaks_off_the_handshake_is_a_channel_error() -> None:
     fake = _FakeDriver(None, handshake=False)
     try:
+        # the first connection is closed before the challenge; later ones are never accepted
         with pytest.raises(ChannelError, match=(
-            rf"^the mlflow_hvd driver at 127.0.0.1:{fake.port} did not complete the handshake: "
+            rf"^cannot reach the mlflow_hvd driver at 127.0.0.1:{fake.port} within 1.5s "
+            r"\(\d+ attempts\): connected, but the driver "
         )):
-            ChannelClient("127.0.0.1", fake.port, SECRET, timeout=5)
+            ChannelClient("127.0.0.1", fake.port, SECRET, timeout=1.5)
     finally:
         fake.close()
 

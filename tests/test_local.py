@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -168,7 +169,16 @@ def test_the_lifecycle_log_follows_a_job_and_reaches_the_ranks(
     assert sum(m.startswith(f"{job}: rank ") and " started on localhost " in m
                for m in said) == 2
     assert sum(m.startswith(f"{job}: rank ") and " exited with 0 " in m for m in said) == 2
-    assert said[-1].startswith(f"{job}: succeeded after ")
+    assert said[-2].startswith(f"{job}: succeeded after ")
+    # the load the job put on the driver's servers
+    load = re.fullmatch(
+        rf"{job}: the channel handled (\d+) connections \((\d+) open at most\) and (\d+) "
+        r"messages; the rendezvous server (\d+) requests \((\d+) not there yet\), "
+        r"([\d.]+) MiB sent", said[-1])
+    assert load, said[-1]
+    connections, most, messages, requests = (int(load[i]) for i in range(1, 5))
+    assert connections == 2 and 1 <= most <= 2 and messages >= 3  # 2 started, a value
+    assert requests == 0  # nobody called hvd.init()
 
 
 def test_a_bad_log_level_names_the_variable() -> None:

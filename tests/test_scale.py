@@ -64,3 +64,28 @@ def test_a_spark_barrier_stage_of_64_ranks(tmp_path: Path) -> None:
     assert all(lines == list(range(5)) for lines in seen.values())
     assert json.loads(proc.stdout.split("RESULT ")[-1]) == 0
     assert_no_workers_left()
+
+
+def test_the_rendezvous_of_32_ranks_is_served_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """32 ranks send the requests hvd.init() sends (horovod's Gloo store, over HTTP); the
+    driver's count of the requests it served equals the ranks' count of answers."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="mlflow_hvd.driver.job")
+    result = HorovodRunner(np=-32, track=False, driver_log_verbosity="all").run(
+        workers.scale_rank, lines=3, rendezvous_dir=str(tmp_path), spread=1.0)
+    assert result["rank"] == 0
+    sent = [int(m[1]) for m in re.finditer(r"\]<stdout>: rendezvous requests (\d+)",
+                                           capsys.readouterr().out)]
+    assert len(sent) == 32
+    assert result["requests"] in sent
+    (load,) = [r.getMessage() for r in caplog.records if "rendezvous server" in r.getMessage()]
+    served = re.search(r"the rendezvous server (\d+) requests \((\d+) not there yet\)", load)
+    assert served, load
+    assert int(served[1]) == sum(sent)
+    # ranks arrive over a second: without held requests the early ones would ask for
+    # missing keys every 10 ms (hundreds of "not yet" answers)
+    assert int(served[2]) < 32 * 6
+    assert_no_workers_left()

@@ -11,6 +11,8 @@ import signal
 import time
 from typing import Any
 
+import gloo_rendezvous  # by value, like this module: ranks cannot import tests/
+
 
 def _rank() -> int:
     """This rank, as HorovodRunner gives it to every worker (``HOROVOD_RANK``): the failure
@@ -524,3 +526,27 @@ def count_lines(n: int) -> int:
     for i in range(n):
         print(f"line {i}", flush=True)
     return _rank()
+
+
+def scale_rank(lines: int, metrics: int = 0, ranks_per_host: int | None = None,
+               rendezvous_dir: str | None = None, spread: float = 0.0) -> dict[str, int]:
+    """A lightweight rank for scale tests (no TensorFlow): performs ``hvd.init()``'s HTTP
+    rendezvous with horovod's server (:mod:`gloo_rendezvous`; ``rendezvous_dir``: an empty
+    directory for this job, None: no rendezvous), logs ``metrics`` metrics
+    through rank 0's tracking path (other ranks' calls do nothing, as in training), prints
+    ``line 0`` .. ``line lines-1``; returns its rank and how many rendezvous requests it sent.
+    ``spread``: ranks reach the rendezvous over this many seconds, as real ranks do (their
+    TensorFlow imports end at different times), in a fixed order."""
+    import mlflow_hvd.tracking as tracking
+
+    size = int(os.environ["HOROVOD_SIZE"])
+    time.sleep(spread * ((_rank() * 7919) % size) / size)
+
+    requests = (gloo_rendezvous.rendezvous(rendezvous_dir, ranks_per_host)
+                if rendezvous_dir else 0)
+    for step in range(metrics):
+        tracking.log_metric("loss", 1.0 / (step + 1), step=step)
+    print(f"rendezvous requests {requests}", flush=True)
+    for i in range(lines):
+        print(f"line {i}", flush=True)
+    return {"rank": _rank(), "requests": requests}

@@ -12,6 +12,7 @@ import socket
 import socketserver
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mlflow_hvd.errors import AuthenticationError
@@ -39,6 +40,15 @@ log = logging.getLogger(__name__)
 # with exponential backoff (seconds, then minutes), so large jobs missed their start deadline.
 # The kernel caps this at net.core.somaxconn.
 LISTEN_BACKLOG = 4096
+
+
+@dataclass(frozen=True)
+class ChannelStats:
+    """What the channel server handled for one job (or one generation of warm ranks)."""
+
+    connections: int  # authenticated
+    messages: int  # frames handled, requests included
+    max_open: int  # most connections open at once
 
 
 def _check_handshake(sock: socket.socket, secret: bytes) -> None:
@@ -76,6 +86,7 @@ class _Handler(socketserver.BaseRequestHandler):
             except (OSError, EOFError):
                 return
             sock.sendall(ACK_OK)
+            self.server.count(connection=True)
             while True:
                 try:
                     message = read_frame(sock, self.server.secret, frame_timeout=FRAME_TIMEOUT)
@@ -86,6 +97,7 @@ class _Handler(socketserver.BaseRequestHandler):
                     return
                 except OSError:
                     return
+                self.server.count(connection=False)
                 if rank is None and isinstance(message, WorkerStarted):
                     rank = message.rank  # this connection is the rank's own process
                 if isinstance(message, Request):
@@ -143,11 +155,24 @@ class _TCPServer(socketserver.ThreadingTCPServer):
         self.rejected: list[str] = []
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
+        self._connections = self._messages = self._max_open = 0
         super().__init__(address, _Handler)
 
     def track(self, sock: socket.socket, is_open: bool) -> None:
         with self._lock:
             (self._open.add if is_open else self._open.discard)(sock)
+            self._max_open = max(self._max_open, len(self._open))
+
+    def count(self, connection: bool) -> None:
+        with self._lock:
+            if connection:
+                self._connections += 1
+            else:
+                self._messages += 1
+
+    def stats(self) -> ChannelStats:
+        with self._lock:
+            return ChannelStats(self._connections, self._messages, self._max_open)
 
     def close_connections(self) -> None:
         with self._lock:
@@ -173,6 +198,7 @@ class ChannelServer:
             processes, the driver's address for Spark executors).
         on_request: Answers a :class:`~mlflow_hvd.protocol.messages.Request` (in the connection's
             thread; the sender waits for the answer). None: every request gets ``Retire``.
+        port: The port to listen on (0: any free one).
     """
 
     def __init__(
@@ -181,13 +207,17 @@ class ChannelServer:
         on_message: Callable[[Any], None],
         bind_host: str = "",
         on_request: Callable[[Any], object] | None = None,
+        port: int = 0,
     ) -> None:
-        self._server = _TCPServer((bind_host, 0), secret, on_message, on_request)
+        self._server = _TCPServer((bind_host, port), secret, on_message, on_request)
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         return int(self._server.server_address[1])
+
+    def stats(self) -> ChannelStats:
+        return self._server.stats()
 
     @property
     def rejected(self) -> list[str]:

@@ -7,15 +7,14 @@ import queue
 import secrets
 import socket
 import sys
-import threading
 import uuid
 from collections.abc import Callable
 from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend, JobSpec
 from mlflow_hvd.common import logs
-from mlflow_hvd.driver.channel_server import ChannelServer
-from mlflow_hvd.driver.rendezvous import Rendezvous
+from mlflow_hvd.driver.channel_server import ChannelServer, ChannelStats
+from mlflow_hvd.driver.rendezvous import Rendezvous, RendezvousStats
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
 from mlflow_hvd.protocol.messages import (
     LayoutReport,
@@ -55,7 +54,8 @@ def run_job(
         BackendError: The backend failed outside the user's code.
     """
     events: queue.Queue[object] = queue.Queue()
-    rendezvous = Rendezvous()
+    job_id = job_id or new_job_id()
+    rendezvous = Rendezvous(abs(np))
     on_message = message_router(events, rendezvous, on_undelivered)
     secret = secrets.token_bytes(32)
     channel = open_channel(secret, on_message, driver_host, request_router(on_tracking_write))
@@ -67,7 +67,7 @@ def run_job(
             driver_host=driver_host,
             channel_port=channel.start(),
             rendezvous_port=rendezvous.port,
-            job_id=job_id or new_job_id(),
+            job_id=job_id,
             description=description,
             channel_timeout=settings.channel_timeout,
             max_line_bytes=settings.max_line_bytes,
@@ -89,10 +89,17 @@ def run_job(
                 backend.stop()
             backend.close()
     finally:
-        # horovod's server notices a shutdown request only at its next 0.5 s poll: every
-        # rank has left it, so let it wind down in the background instead of waiting
-        threading.Thread(target=rendezvous.stop, name="mlflow-hvd-rdv-stop", daemon=True).start()
+        rendezvous.stop()
         channel.stop()
+        log_load(f"job {job_id}", channel.stats(), rendezvous.stats())
+
+
+def log_load(what: str, channel: ChannelStats, rendezvous: RendezvousStats) -> None:
+    """The lifecycle log's account of what a job's ranks asked of the driver's servers."""
+    log.info("%s: the channel handled %d connections (%d open at most) and %d messages; "
+             "the rendezvous server %d requests (%d not there yet), %.1f MiB sent", what,
+             channel.connections, channel.max_open, channel.messages, rendezvous.requests,
+             rendezvous.not_found, rendezvous.bytes_sent / 2**20)
 
 
 def open_channel(

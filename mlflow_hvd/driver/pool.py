@@ -27,9 +27,9 @@ from typing import TextIO
 from mlflow_hvd.backends.base import Backend, JobSpec
 from mlflow_hvd.common import logs
 from mlflow_hvd.common.deadline import Deadline
-from mlflow_hvd.common.layout import to_slot_infos
 from mlflow_hvd.driver.job import (
     TrackingWriter,
+    log_load,
     message_router,
     new_job_id,
     open_channel,
@@ -82,7 +82,7 @@ class _Generation:
     ) -> None:
         self.np, self.backend, self.settings = np, backend, settings
         self.events: queue.Queue[object] = queue.Queue()
-        self.rendezvous = Rendezvous()
+        self.rendezvous = Rendezvous(abs(np))
         self._cond = threading.Condition()
         self.state = GenerationState.SERVING
         self._waiting: set[int] = set()  # ranks whose AwaitJob is open
@@ -177,8 +177,7 @@ class _Generation:
                     )
                 self._cond.wait(deadline.slice(0.1))
             self._drain_idle_messages()
-            if self.rendezvous.slots is not None:  # a fresh round for Horovod's next init
-                self.rendezvous.server.init(to_slot_infos(self.rendezvous.slots))
+            self.rendezvous.reset()  # a fresh round for Horovod's next init
             self._payload = payload
             self._handed += 1
             self._cond.notify_all()
@@ -213,10 +212,9 @@ class _Generation:
                 self.backend.stop()
             self.backend.close()
         finally:
-            threading.Thread(
-                target=self.rendezvous.stop, name="mlflow-hvd-rdv-stop", daemon=True
-            ).start()
+            self.rendezvous.stop()
             self.channel.stop()
+            log_load(f"generation {self.number}", self.channel.stats(), self.rendezvous.stats())
 
 
 def died_before_starting(record: JobRecord) -> bool:

@@ -1,19 +1,127 @@
-"""horovod's Gloo rendezvous server, initialised once from the first layout report."""
+"""horovod's Gloo rendezvous server, initialised once from the first layout report.
+
+horovod's own server class and request handler (the key-value protocol its Gloo
+``HTTPStore`` speaks), with three things changed for jobs of many ranks:
+
+* it listens with a backlog for a whole job (socketserver's default of 5 drops connections
+  that the kernel then retries with backoff; horovod's store gives up after 3 tries);
+* a pool of threads serves the requests (socketserver starts a thread per request: half the
+  driver's CPU went to creating and reaping them, 64 ranks sending 25,800 requests);
+* requests for keys that are not there yet are held (below).
+
+At ``hvd.init()`` every rank sends horovod's ``RendezvousServer`` about ``2.5 x size``
+requests per scope, each on a new connection: it publishes its addresses, then asks for
+every peer's, and a key that is not there yet is asked again every 10 ms until it is. Ranks
+reach ``hvd.init()`` seconds apart (importing TensorFlow takes that long), so the early ones
+would fill the server with thousands of "not yet" answers per second while they wait for
+the late ones. Our handler (a subclass of horovod's, same protocol) holds such a request
+until the key arrives or :data:`HOLD_SECONDS` pass: one request per awaited key instead of a
+hundred per second.
+"""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-from horovod.runner.http.http_server import RendezvousHTTPServer, RendezvousServer
+from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
 from mlflow_hvd.common.layout import to_slot_infos
 from mlflow_hvd.driver.channel_server import LISTEN_BACKLOG
 from mlflow_hvd.protocol.messages import LayoutReport, RankSlot
 
-# Every rank calls horovod's rendezvous server at hvd.init(), all at once: its HTTP server
-# keeps socketserver's backlog of 5 unless configured (see channel_server.LISTEN_BACKLOG).
-RendezvousHTTPServer.request_queue_size = LISTEN_BACKLOG
+# How long a request for a key that is not there yet waits for it. Below the 3 s horovod's
+# server allows for reading a request, far below Gloo's 30 s rendezvous timeout; the client
+# (horovod's HTTPStore) simply sees a later answer.
+HOLD_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class RendezvousStats:
+    """What the server did for one job (or one generation of warm ranks)."""
+
+    requests: int
+    not_found: int  # answered "not there yet" after holding
+    bytes_sent: int  # values returned by GETs
+
+
+class _Keys:
+    """Counts the server's requests and wakes held requests when a key is written."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.version = 0  # bumped on every write, under ``cond``
+        self.requests = 0
+        self.not_found = 0
+        self.bytes_sent = 0
+
+    def stats(self) -> RendezvousStats:
+        with self.cond:
+            return RendezvousStats(self.requests, self.not_found, self.bytes_sent)
+
+
+def _handler_for(keys: _Keys) -> type[RendezvousHandler]:
+    class Handler(RendezvousHandler):
+        """horovod's handler, counting, with GETs of missing keys held (see module doc)."""
+
+        def _get_value(self, scope: str, key: str) -> Any:
+            deadline = time.monotonic() + HOLD_SECONDS
+            while True:
+                with keys.cond:
+                    seen = keys.version
+                value = super()._get_value(scope, key)
+                remaining = deadline - time.monotonic()
+                if value is not None or remaining <= 0:
+                    break
+                with keys.cond:
+                    if keys.version == seen:
+                        keys.cond.wait(remaining)
+            with keys.cond:
+                keys.requests += 1
+                if value is None:
+                    keys.not_found += 1
+                else:
+                    keys.bytes_sent += len(value)
+            return value
+
+        def _put_value(self, scope: str, key: str, value: Any) -> None:
+            super()._put_value(scope, key, value)
+            with keys.cond:
+                keys.requests += 1
+                keys.version += 1
+                keys.cond.notify_all()
+
+        def do_DELETE(self) -> None:
+            super().do_DELETE()
+            with keys.cond:
+                keys.requests += 1
+
+    return Handler
+
+
+class _Server(RendezvousHTTPServer):
+    """horovod's server, listening for a whole job and serving from a pool of threads."""
+
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, handler: type[RendezvousHandler], threads: int) -> None:
+        super().__init__(("", 0), handler, 0)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mlflow-hvd-rdv")
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            self._pool.submit(self.process_request_thread, request, client_address)
+        except RuntimeError:  # shutting down
+            self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        # held requests end within HOLD_SECONDS; nothing waits for them
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass(frozen=True)
@@ -29,13 +137,26 @@ class Rendezvous:
 
     Every task reports the layout it computed from the barrier's task addresses; all must agree
     with the first one, or the job cannot rendezvous.
+
+    Args:
+        size: The number of ranks. Each may hold one request while it waits for a key, so
+            the server has a thread for each, and some for the requests that answer them.
     """
 
-    def __init__(self) -> None:
-        self.server = RendezvousServer()
-        self.port = int(self.server.start())
+    def __init__(self, size: int) -> None:
+        self._keys = _Keys()
+        self._server = _Server(_handler_for(self._keys), threads=size + 16)
+        self._server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05},
+                                        name="mlflow-hvd-rendezvous", daemon=True)
+        self._thread.start()
         self._lock = threading.Lock()
         self.slots: tuple[RankSlot, ...] | None = None
+
+    def stats(self) -> RendezvousStats:
+        return self._keys.stats()
 
     def on_layout(self, report: LayoutReport) -> LayoutMismatch | None:
         """Initialise the server from the first report; a later report that differs is
@@ -43,7 +164,7 @@ class Rendezvous:
         with self._lock:
             if self.slots is None:
                 self.slots = report.slots
-                self.server.init(to_slot_infos(report.slots))
+                self._server.init(to_slot_infos(report.slots))
                 return None
             if report.slots == self.slots:
                 return None
@@ -55,5 +176,14 @@ class Rendezvous:
             "consistently?",
         )
 
+    def reset(self) -> None:
+        """A fresh round for the next ``hvd.init()`` of the same ranks (warm ranks)."""
+        with self._lock:
+            if self.slots is not None:
+                self._server.init(to_slot_infos(self.slots))
+
     def stop(self) -> None:
-        self.server.stop()
+        """Stop serving (within 50 ms) and close the socket."""
+        self._server.shutdown()
+        self._thread.join(timeout=10)
+        self._server.server_close()

@@ -24,9 +24,11 @@ import hashlib
 import hmac
 import logging
 import pickle
+import random
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from mlflow_hvd.errors import AuthenticationError, ChannelError
@@ -45,6 +47,41 @@ ACK_REPLY = b"\x02"  # a signed frame with the driver's answer follows (requests
 DEFAULT_MAX_FRAME = 1 << 31  # 2 GiB: a rank-0 return value larger than this is refused
 HANDSHAKE_TIMEOUT = 10.0
 FRAME_TIMEOUT = 60.0
+# A client that cannot connect tries again until its deadline: each attempt waits at most
+# this long (a dropped connection request is not re-sent by the kernel for 1, 3, 7 s ...),
+# with a pause between attempts that doubles up to RETRY_PAUSE_MAX (with jitter, so that
+# a whole job's ranks do not come back at once).
+CONNECT_ATTEMPT = 5.0
+RETRY_PAUSE = 0.05
+RETRY_PAUSE_MAX = 2.0
+
+
+def connect_failure(exc: BaseException) -> str:
+    """Why a connection to the driver failed, in words that say what to check."""
+    if isinstance(exc, HandshakeTimeout):
+        return (f"connected, but the driver sent no challenge within {exc.seconds:.3g}s (its "
+                "accept queue is full, or the driver is overloaded)")
+    if isinstance(exc, EOFError):
+        return ("connected, but the driver closed the connection before its challenge (it "
+                "is exiting, or this is not an mlflow_hvd driver)")
+    if isinstance(exc, ConnectionRefusedError):
+        return ("connection refused: nothing listens there (the driver has exited, or the "
+                "address is not the driver's)")
+    if isinstance(exc, TimeoutError):
+        return ("connection timed out: nothing answered the connection request (a firewall "
+                "drops it, or the driver's listen backlog is full)")
+    if isinstance(exc, socket.gaierror):
+        return f"the driver's host name does not resolve here: {exc}"
+    if isinstance(exc, ConnectionResetError):
+        return ("connection reset: the driver's host refused it (its listen backlog "
+                "overflowed, or the driver is exiting)")
+    return f"{type(exc).__name__}: {exc}"
+
+
+class HandshakeTimeout(TimeoutError):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no challenge within {seconds:.3g}s")
+        self.seconds = seconds
 
 
 def sign(secret: bytes, body: bytes) -> bytes:
@@ -125,17 +162,8 @@ class ChannelClient:
         self._secret = secret
         self._timeout = timeout
         self._lock = threading.Lock()
+        self._sock, challenge = self._connect()
         try:
-            self._sock = socket.create_connection(self._address, timeout=timeout)
-        except OSError as exc:
-            raise ChannelError(
-                f"cannot reach the mlflow_hvd driver at {host}:{port} within {timeout:g}s: "
-                f"{exc}. Check that executors can open connections to the driver host "
-                "(spark.driver.host) and that no firewall blocks the port."
-            ) from exc
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            challenge = recv_exact(self._sock, len(MAGIC) + NONCE_SIZE)
             self._sock.sendall(handshake_reply(secret, challenge))
             ack = self._sock.recv(1)
         except (OSError, EOFError) as exc:
@@ -148,6 +176,48 @@ class ChannelClient:
             raise AuthenticationError(
                 f"the driver at {host}:{port} rejected this connection: wrong run secret"
             )
+
+    def _connect(self) -> tuple[socket.socket, bytes]:
+        """Connect and read the driver's challenge, trying again until the deadline.
+
+        Raises:
+            ChannelError: No attempt got a challenge in time; names the last cause.
+        """
+        host, port = self._address
+        deadline = time.monotonic() + self._timeout
+        pause = RETRY_PAUSE
+        attempts = 0
+        while True:
+            attempts += 1
+            remaining = deadline - time.monotonic()
+            sock: socket.socket | None = None
+            try:
+                sock = socket.create_connection(
+                    self._address, timeout=max(0.01, min(CONNECT_ATTEMPT, remaining)))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                wait = max(0.01, min(HANDSHAKE_TIMEOUT, deadline - time.monotonic()))
+                sock.settimeout(wait)
+                try:
+                    challenge = recv_exact(sock, len(MAGIC) + NONCE_SIZE)
+                except TimeoutError:
+                    raise HandshakeTimeout(wait) from None
+                sock.settimeout(self._timeout)
+                return sock, challenge
+            except (OSError, EOFError) as exc:
+                if sock is not None:
+                    sock.close()
+                cause = exc
+            pause_now = min(pause * random.uniform(0.5, 1.5), deadline - time.monotonic())
+            if pause_now <= 0:
+                break
+            time.sleep(pause_now)
+            pause = min(pause * 2, RETRY_PAUSE_MAX)
+        raise ChannelError(
+            f"cannot reach the mlflow_hvd driver at {host}:{port} within {self._timeout:g}s "
+            f"({attempts} attempts): {connect_failure(cause)}. Check that executors can open "
+            "connections to the driver host (spark.driver.host) and that no firewall blocks "
+            "the port."
+        ) from cause
 
     def another(self) -> ChannelClient:
         """A new connection to the same driver, with the same secret and timeout.

@@ -1,0 +1,71 @@
+"""The driver's rendezvous server: horovod's protocol, with requests for keys that are not
+there yet held until they arrive, and an account of the load."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+
+import pytest
+
+from mlflow_hvd.driver import rendezvous as rdv
+from mlflow_hvd.driver.rendezvous import Rendezvous, RendezvousStats
+
+
+def _call(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, body=body)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def test_a_request_for_a_missing_key_is_answered_when_the_key_arrives() -> None:
+    server = Rendezvous(2)
+    try:
+        got: list[tuple[int, bytes, float]] = []
+
+        def ask() -> None:
+            t0 = time.monotonic()
+            status, body = _call(server.port, "GET", "/global/1")
+            got.append((status, body, time.monotonic() - t0))
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        time.sleep(0.3)
+        assert _call(server.port, "PUT", "/global/1", b"addresses")[0] == 200
+        asker.join(timeout=10)
+        (status, body, waited), = got
+        assert (status, body) == (200, b"addresses")  # one request, no "not yet" in between
+        assert 0.25 < waited < rdv.HOLD_SECONDS
+        assert server.stats() == RendezvousStats(requests=2, not_found=0, bytes_sent=9)
+    finally:
+        server.stop()
+
+
+def test_a_key_that_never_comes_is_not_found_after_the_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(rdv, "HOLD_SECONDS", 0.3)
+    server = Rendezvous(2)
+    try:
+        t0 = time.monotonic()
+        assert _call(server.port, "GET", "/global/7")[0] == 404
+        assert 0.3 <= time.monotonic() - t0 < 2
+        assert _call(server.port, "DELETE", "/global/0")[0] == 200
+        assert server.stats() == RendezvousStats(requests=2, not_found=1, bytes_sent=0)
+    finally:
+        server.stop()
+
+
+def test_stop_returns_promptly_and_closes_the_port() -> None:
+    server = Rendezvous(2)
+    port = server.port
+    t0 = time.monotonic()
+    server.stop()
+    assert time.monotonic() - t0 < 1
+    with pytest.raises(ConnectionRefusedError):
+        _call(port, "GET", "/global/0")

@@ -19,10 +19,10 @@ Every rank, in order:
 
 For each backend and N, in alternated rounds, it measures the time until every rank has
 started, until ``run`` returned, the driver process's CPU seconds and peak memory, the
-channel's messages per second, the rendezvous requests per second and output lines per
-second; it checks that every line arrived and every metric was logged. Prints
-min/median/max per N and the growth of the medians from N to 2N (2.0 is linear, 4.0
-quadratic).
+messages the channel handled, how long the rendezvous server was busy and its requests per
+second, and output lines per second while they arrived; it checks that every line arrived
+and every metric was logged. Prints min/median/max per N and the growth of the medians from
+N to 2N (2.0 is linear, 4.0 quadratic).
 
     .venv/bin/python benchmarks/scale.py [--backends local spark] [--sizes 64 128 256]
         [--rounds 3] [--lines 100] [--metrics 100] [--ranks-per-host 8] [--spread 2]
@@ -53,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 import workers  # noqa: E402  the tests' lightweight rank functions
 
-LOAD = re.compile(r"and (\d+) messages; the rendezvous server (\d+) requests")
+LOAD = re.compile(r"and (\d+) messages; the rendezvous server (\d+) requests in ([\d.]+)s")
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,24 @@ class Sample:
     done: float  # seconds until run() returned
     cpu: float  # driver (Python) process CPU seconds
     peak_mb: float  # driver peak RSS, MiB
-    messages_per_s: float  # channel messages handled by the driver
-    rendezvous_per_s: float  # rendezvous HTTP requests served
-    lines_per_s: float
+    messages: int  # channel messages handled by the driver (output and metrics are batched)
+    rendezvous_per_s: float  # rendezvous HTTP requests served per second while it served
+    rendezvous_s: float  # from the first rendezvous request to the last
+    lines_per_s: float  # from the first output line on the driver to the last
+
+
+class _Output(io.StringIO):
+    """The driver's stdout, noting when the first and the last rank output line arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = self.last = 0.0
+
+    def write(self, text: str) -> int:
+        if "<stdout>: line " in text:
+            self.last = time.monotonic()
+            self.first = self.first or self.last
+        return super().write(text)
 
 
 class _DriverLog(logging.Handler):
@@ -110,10 +125,11 @@ def one_job(np: int, args: argparse.Namespace, spark: object = None) -> Sample:
         sampler.start()
         t0 = time.monotonic()
         try:
-            with redirect_stdout(io.StringIO()) as out, mlflow.start_run() as run:
+            with redirect_stdout(_Output()) as out, mlflow.start_run() as run:
                 result = HorovodRunner(np=np, spark=spark, driver_log_verbosity="all").run(
                     workers.scale_rank, lines=args.lines, metrics=args.metrics,
                     ranks_per_host=args.ranks_per_host, spread=args.spread,
+                    rendezvous_timeout=args.gloo_timeout,
                     rendezvous_dir=None if args.no_rendezvous else connected)
             done = time.monotonic() - t0
             cpu = sum(me.cpu_times()[:2]) - cpu0
@@ -129,8 +145,10 @@ def one_job(np: int, args: argparse.Namespace, spark: object = None) -> Sample:
                          f"{n * args.lines} lines, {len(history)} of {args.metrics} metrics")
     if seen.load is None:
         raise SystemExit(f"np={np}: the driver logged no load line")
-    return Sample(seen.last_start - t0, done, cpu, peak / 2**20,
-                  int(seen.load[1]) / done, int(seen.load[2]) / done, printed / done)
+    messages, requests, rendezvous_s = int(seen.load[1]), int(seen.load[2]), float(seen.load[3])
+    return Sample(seen.last_start - t0, done, cpu, peak / 2**20, messages,
+                  requests / rendezvous_s if requests else 0.0, rendezvous_s,
+                  printed / max(out.last - out.first, 1e-3))
 
 
 def spark_job(n: int, args: argparse.Namespace, folder: Path) -> Sample:
@@ -146,7 +164,8 @@ def spark_job(n: int, args: argparse.Namespace, folder: Path) -> Sample:
 
 def _job_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--lines", str(args.lines), "--metrics", str(args.metrics),
-             "--ranks-per-host", str(args.ranks_per_host), "--spread", str(args.spread)]
+             "--ranks-per-host", str(args.ranks_per_host), "--spread", str(args.spread),
+             "--gloo-timeout", str(args.gloo_timeout)]
     return flags + (["--no-rendezvous"] if args.no_rendezvous else [])
 
 
@@ -164,8 +183,8 @@ def spark_child(n: int, args: argparse.Namespace) -> None:
 
 FIELDS = [("started", "all started, s"), ("done", "run returned, s"),
           ("cpu", "driver CPU, s"), ("peak_mb", "driver peak RSS, MiB"),
-          ("messages_per_s", "messages/s"), ("rendezvous_per_s", "rendezvous req/s"),
-          ("lines_per_s", "lines/s")]
+          ("messages", "channel messages"), ("rendezvous_s", "rendezvous, s"),
+          ("rendezvous_per_s", "rendezvous req/s"), ("lines_per_s", "lines/s")]
 
 
 def report(backend: str, samples: dict[int, list[Sample]]) -> None:
@@ -197,6 +216,9 @@ def main() -> None:
     p.add_argument("--ranks-per-host", type=int, default=8)
     p.add_argument("--spread", type=float, default=2.0)
     p.add_argument("--no-rendezvous", action="store_true")
+    p.add_argument("--gloo-timeout", type=float, default=300.0,
+                   help="seconds a rank waits for each key (HOROVOD_GLOO_TIMEOUT_SECONDS; "
+                        "hundreds of Python ranks on one machine are slower than real ones)")
     p.add_argument("--spark-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

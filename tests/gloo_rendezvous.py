@@ -22,8 +22,8 @@ again). Every request is a new connection, retried 3 times 500 ms apart as horov
 
 from __future__ import annotations
 
-import http.client
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +32,7 @@ ADDRESS_BYTES = 136  # one gloo TCP pair address (sockaddr_storage + sequence nu
 RETRIES = 3
 RETRY_WAIT = 0.5
 POLL = 0.010
+BARRIER_POLL = 0.1  # hundreds of ranks listing a directory every 10 ms would eat the CPU
 PROCESS_SET_SUFFIX = "_process_set_hash_0123456789abcdef"
 
 
@@ -77,53 +78,63 @@ class Store:
         self.host, self.port, self.timeout = host, port, timeout
         self.requests = 0
 
-    def _request(self, method: str, path: str, body: bytes | None = None) -> bytes | None:
+    def _request(self, method: str, path: str, body: bytes = b"") -> bytes | None:
+        """One request on a new connection, read until the server closes it, as horovod's
+        C++ client does (a raw socket: the server's cost is what is measured, so the
+        client should cost little)."""
         error: Exception | None = None
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
         for _ in range(RETRIES):
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             try:
-                conn.request(method, path, body=body)
-                response = conn.getresponse()
-                data = response.read()
+                with socket.create_connection((self.host, self.port), self.timeout) as sock:
+                    sock.sendall(head + body)
+                    chunks = []
+                    while chunk := sock.recv(1 << 16):
+                        chunks.append(chunk)
+                response = b"".join(chunks)
+                status = int(response[9:12])
                 self.requests += 1
-                if response.status == 200:
-                    return data
-                if response.status == 404:
+                if status == 200:
+                    return response[response.index(b"\r\n\r\n") + 4:]
+                if status == 404:
                     return None
-                error = RendezvousFailed(f"{method} {path}: HTTP {response.status}")
-            except OSError as exc:
+                error = RendezvousFailed(f"{method} {path}: HTTP {status}")
+            except (OSError, ValueError) as exc:
                 error = exc
-            finally:
-                conn.close()
             time.sleep(RETRY_WAIT)
         raise RendezvousFailed(f"{method} {path} failed {RETRIES} times: {error}")
 
-    def wait_get(self, path: str, deadline: float) -> bytes:
-        while self._request("GET", path) is None:
+    def poll(self, path: str, timeout: float) -> bytes:
+        """GET until the key exists (``timeout`` per key, as gloo's ``store.wait``)."""
+        deadline = time.monotonic() + timeout
+        while (value := self._request("GET", path)) is None:
             if time.monotonic() > deadline:
                 raise RendezvousFailed(f"GET {path}: not there within the gloo timeout")
             time.sleep(POLL)
+        return value
+
+    def wait_get(self, path: str, timeout: float) -> bytes:
+        """gloo's ``wait`` then ``get``: the key is read once more after it appeared."""
+        self.poll(path, timeout)
         value = self._request("GET", path)
-        assert value is not None
+        if value is None:
+            raise RendezvousFailed(f"GET {path}: gone right after it appeared")
         return value
 
     def join(self, scope: Scope, timeout: float, connected: Path) -> None:
         prefix = f"/{scope.name}/"
-        deadline = time.monotonic() + timeout
         self._request("PUT", f"{prefix}rank_{scope.rank}", b"\0\0")
         for i in range(scope.rank):
-            while self._request("GET", f"{prefix}rank_{i}") is None:
-                if time.monotonic() > deadline:
-                    raise RendezvousFailed(f"rank_{i} of {scope.name} never arrived")
-                time.sleep(POLL)
+            self.poll(f"{prefix}rank_{i}", timeout)
         self._request("PUT", f"{prefix}{scope.rank}",
                       bytes(ADDRESS_BYTES * (scope.size - 1)))
         for i in range(scope.size):
             if i != scope.rank:
-                value = self.wait_get(f"{prefix}{i}", deadline)
+                value = self.wait_get(f"{prefix}{i}", timeout)
                 if len(value) != ADDRESS_BYTES * (scope.size - 1):
                     raise RendezvousFailed(f"{prefix}{i}: {len(value)} bytes")
-        _all_connected(connected / scope.name, scope, deadline)
+        _all_connected(connected / scope.name, scope, time.monotonic() + timeout)
         self._request("DELETE", f"{prefix}{scope.rank}")
 
 
@@ -132,17 +143,18 @@ def _all_connected(folder: Path, scope: Scope, deadline: float) -> None:
     read its peers' addresses."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / str(scope.rank)).touch()
-    while sum(1 for _ in folder.iterdir()) < scope.size:
+    while len(os.listdir(folder)) < scope.size:
         if time.monotonic() > deadline:
             raise RendezvousFailed(f"{scope.name}: not every rank read the addresses in time")
-        time.sleep(POLL)
+        time.sleep(BARRIER_POLL)
 
 
 def rendezvous(connected: str, ranks_per_host: int | None = None,
                timeout: float = 30.0) -> int:
     """Perform ``hvd.init()``'s rendezvous against the driver; returns the number of HTTP
     requests this rank sent. ``connected``: an empty directory shared by the job's ranks
-    (they run on this machine)."""
+    (they run on this machine). ``timeout``: per awaited key, as
+    ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (default 30 s; large jobs raise it)."""
     store = Store(os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
                   int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]), timeout)
     scopes = scopes_from_env(ranks_per_host)

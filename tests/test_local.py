@@ -173,7 +173,7 @@ def test_the_lifecycle_log_follows_a_job_and_reaches_the_ranks(
     # the load the job put on the driver's servers
     load = re.fullmatch(
         rf"{job}: the channel handled (\d+) connections \((\d+) open at most\) and (\d+) "
-        r"messages; the rendezvous server (\d+) requests \((\d+) not there yet\), "
+        r"messages; the rendezvous server (\d+) requests in [\d.]+s \((\d+) not there yet\), "
         r"([\d.]+) MiB sent", said[-1])
     assert load, said[-1]
     connections, most, messages, requests = (int(load[i]) for i in range(1, 5))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -82,10 +83,53 @@ def test_the_rendezvous_of_32_ranks_is_served_and_counted(
     assert len(sent) == 32
     assert result["requests"] in sent
     (load,) = [r.getMessage() for r in caplog.records if "rendezvous server" in r.getMessage()]
-    served = re.search(r"the rendezvous server (\d+) requests \((\d+) not there yet\)", load)
+    served = re.search(
+        r"the rendezvous server (\d+) requests in [\d.]+s \((\d+) not there yet\)", load)
     assert served, load
     assert int(served[1]) == sum(sent)
     # ranks arrive over a second: without held requests the early ones would ask for
     # missing keys every 10 ms (hundreds of "not yet" answers)
     assert int(served[2]) < 32 * 6
     assert_no_workers_left()
+
+
+def _under_limits(
+    soft: int, hard: int, code: str, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    script = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n" + code
+    )
+    return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_a_low_open_file_limit_is_raised_for_a_large_job(tmp_path: Path) -> None:
+    """With a soft limit of 256 open files, 100 local ranks ended in 'Too many open files'
+    and a StartTimeoutError blaming slow workers; the driver raises its soft limit."""
+    proc = _under_limits(256, resource.getrlimit(resource.RLIMIT_NOFILE)[1], (
+        "import resource, workers\n"
+        "from mlflow_hvd import HorovodRunner\n"
+        "print('RESULT', HorovodRunner(np=-100, track=False).run(workers.count_lines, n=2))\n"
+        "print('SOFT', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    ), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULT 0" in proc.stdout
+    from mlflow_hvd.driver.limits import files_needed
+
+    assert f"SOFT {files_needed(100)}" in proc.stdout
+
+
+def test_a_hard_limit_too_low_for_the_job_is_named(tmp_path: Path) -> None:
+    proc = _under_limits(200, 300, (
+        "import logging, resource\n"
+        "logging.basicConfig()\n"
+        "from mlflow_hvd.driver.limits import ensure_open_files\n"
+        "ensure_open_files(1000)\n"
+        "print('SOFT', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    ), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "SOFT 300" in proc.stdout
+    assert ("a job of 1000 ranks needs about 5256 open files on the driver, and this process "
+            "may open at most 300 (its hard limit): raise it (ulimit -Hn") in proc.stderr

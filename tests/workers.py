@@ -529,7 +529,8 @@ def count_lines(n: int) -> int:
 
 
 def scale_rank(lines: int, metrics: int = 0, ranks_per_host: int | None = None,
-               rendezvous_dir: str | None = None, spread: float = 0.0) -> dict[str, int]:
+               rendezvous_dir: str | None = None, spread: float = 0.0,
+               rendezvous_timeout: float = 30.0) -> dict[str, int]:
     """A lightweight rank for scale tests (no TensorFlow): performs ``hvd.init()``'s HTTP
     rendezvous with horovod's server (:mod:`gloo_rendezvous`; ``rendezvous_dir``: an empty
     directory for this job, None: no rendezvous), logs ``metrics`` metrics
@@ -542,7 +543,7 @@ def scale_rank(lines: int, metrics: int = 0, ranks_per_host: int | None = None,
     size = int(os.environ["HOROVOD_SIZE"])
     time.sleep(spread * ((_rank() * 7919) % size) / size)
 
-    requests = (gloo_rendezvous.rendezvous(rendezvous_dir, ranks_per_host)
+    requests = (gloo_rendezvous.rendezvous(rendezvous_dir, ranks_per_host, rendezvous_timeout)
                 if rendezvous_dir else 0)
     for step in range(metrics):
         tracking.log_metric("loss", 1.0 / (step + 1), step=step)

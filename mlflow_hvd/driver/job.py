@@ -14,6 +14,7 @@ from typing import TextIO
 from mlflow_hvd.backends.base import Backend, JobSpec
 from mlflow_hvd.common import logs
 from mlflow_hvd.driver.channel_server import ChannelServer, ChannelStats
+from mlflow_hvd.driver.limits import ensure_open_files
 from mlflow_hvd.driver.rendezvous import Rendezvous, RendezvousStats
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
 from mlflow_hvd.protocol.messages import (
@@ -55,6 +56,7 @@ def run_job(
     """
     events: queue.Queue[object] = queue.Queue()
     job_id = job_id or new_job_id()
+    ensure_open_files(np)
     rendezvous = Rendezvous(abs(np))
     on_message = message_router(events, rendezvous, on_undelivered)
     secret = secrets.token_bytes(32)
@@ -97,9 +99,10 @@ def run_job(
 def log_load(what: str, channel: ChannelStats, rendezvous: RendezvousStats) -> None:
     """The lifecycle log's account of what a job's ranks asked of the driver's servers."""
     log.info("%s: the channel handled %d connections (%d open at most) and %d messages; "
-             "the rendezvous server %d requests (%d not there yet), %.1f MiB sent", what,
-             channel.connections, channel.max_open, channel.messages, rendezvous.requests,
-             rendezvous.not_found, rendezvous.bytes_sent / 2**20)
+             "the rendezvous server %d requests in %.1fs (%d not there yet), %.1f MiB sent",
+             what, channel.connections, channel.max_open, channel.messages,
+             rendezvous.requests, rendezvous.seconds, rendezvous.not_found,
+             rendezvous.bytes_sent / 2**20)
 
 
 def open_channel(

@@ -35,6 +35,7 @@ from mlflow_hvd.driver.job import (
     open_channel,
     request_router,
 )
+from mlflow_hvd.driver.limits import ensure_open_files
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
 from mlflow_hvd.errors import BackendError, JobNotStartedError, WorkerFailedError
@@ -82,6 +83,7 @@ class _Generation:
     ) -> None:
         self.np, self.backend, self.settings = np, backend, settings
         self.events: queue.Queue[object] = queue.Queue()
+        ensure_open_files(np)
         self.rendezvous = Rendezvous(abs(np))
         self._cond = threading.Condition()
         self.state = GenerationState.SERVING

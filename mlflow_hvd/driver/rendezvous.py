@@ -21,6 +21,7 @@ hundred per second.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -33,6 +34,8 @@ from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPSer
 from mlflow_hvd.common.layout import to_slot_infos
 from mlflow_hvd.driver.channel_server import LISTEN_BACKLOG
 from mlflow_hvd.protocol.messages import LayoutReport, RankSlot
+
+log = logging.getLogger(__name__)
 
 # How long a request for a key that is not there yet waits for it. Below the 3 s horovod's
 # server allows for reading a request, far below Gloo's 30 s rendezvous timeout; the client
@@ -47,6 +50,7 @@ class RendezvousStats:
     requests: int
     not_found: int  # answered "not there yet" after holding
     bytes_sent: int  # values returned by GETs
+    seconds: float  # from the first request's arrival to the last answer
 
 
 class _Keys:
@@ -58,10 +62,23 @@ class _Keys:
         self.requests = 0
         self.not_found = 0
         self.bytes_sent = 0
+        self.first = self.last = 0.0
+
+    def arrived(self) -> None:
+        """Count one request as it arrives."""
+        with self.cond:
+            self.requests += 1
+            if self.requests == 1:
+                self.first = time.monotonic()
+
+    def answered(self) -> None:
+        with self.cond:
+            self.last = time.monotonic()
 
     def stats(self) -> RendezvousStats:
         with self.cond:
-            return RendezvousStats(self.requests, self.not_found, self.bytes_sent)
+            return RendezvousStats(self.requests, self.not_found, self.bytes_sent,
+                                   self.last - self.first)
 
 
 def _handler_for(keys: _Keys) -> type[RendezvousHandler]:
@@ -69,6 +86,7 @@ def _handler_for(keys: _Keys) -> type[RendezvousHandler]:
         """horovod's handler, counting, with GETs of missing keys held (see module doc)."""
 
         def _get_value(self, scope: str, key: str) -> Any:
+            keys.arrived()
             deadline = time.monotonic() + HOLD_SECONDS
             while True:
                 with keys.cond:
@@ -81,24 +99,25 @@ def _handler_for(keys: _Keys) -> type[RendezvousHandler]:
                     if keys.version == seen:
                         keys.cond.wait(remaining)
             with keys.cond:
-                keys.requests += 1
                 if value is None:
                     keys.not_found += 1
                 else:
                     keys.bytes_sent += len(value)
+            keys.answered()
             return value
 
         def _put_value(self, scope: str, key: str, value: Any) -> None:
+            keys.arrived()
             super()._put_value(scope, key, value)
             with keys.cond:
-                keys.requests += 1
                 keys.version += 1
                 keys.cond.notify_all()
+            keys.answered()
 
         def do_DELETE(self) -> None:
+            keys.arrived()
             super().do_DELETE()
-            with keys.cond:
-                keys.requests += 1
+            keys.answered()
 
     return Handler
 
@@ -117,6 +136,11 @@ class _Server(RendezvousHTTPServer):
             self._pool.submit(self.process_request_thread, request, client_address)
         except RuntimeError:  # shutting down
             self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a rank that was stopped mid-request (the job failed): not worth a traceback on
+        # the user's console, as socketserver would print
+        log.debug("rendezvous request from %s failed", client_address, exc_info=True)
 
     def server_close(self) -> None:
         super().server_close()

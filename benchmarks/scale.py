@@ -26,6 +26,7 @@ N to 2N (2.0 is linear, 4.0 quadratic).
 
     .venv/bin/python benchmarks/scale.py [--backends local spark] [--sizes 64 128 256]
         [--rounds 3] [--lines 100] [--metrics 100] [--ranks-per-host 8] [--spread 2]
+        [--start-timeout 60] [--gloo-timeout 300]
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ def one_job(np: int, args: argparse.Namespace, spark: object = None) -> Sample:
         t0 = time.monotonic()
         try:
             with redirect_stdout(_Output()) as out, mlflow.start_run() as run:
-                result = HorovodRunner(np=np, spark=spark, driver_log_verbosity="all").run(
+                result = HorovodRunner(np=np, spark=spark, driver_log_verbosity="all",
+                                       start_timeout=args.start_timeout).run(
                     workers.scale_rank, lines=args.lines, metrics=args.metrics,
                     ranks_per_host=args.ranks_per_host, spread=args.spread,
                     rendezvous_timeout=args.gloo_timeout,
@@ -165,7 +167,7 @@ def spark_job(n: int, args: argparse.Namespace, folder: Path) -> Sample:
 def _job_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--lines", str(args.lines), "--metrics", str(args.metrics),
              "--ranks-per-host", str(args.ranks_per_host), "--spread", str(args.spread),
-             "--gloo-timeout", str(args.gloo_timeout)]
+             "--gloo-timeout", str(args.gloo_timeout), "--start-timeout", str(args.start_timeout)]
     return flags + (["--no-rendezvous"] if args.no_rendezvous else [])
 
 
@@ -177,7 +179,8 @@ def spark_child(n: int, args: argparse.Namespace) -> None:
     spark = (SparkSession.builder.master(f"local[{n}]")
              .config("spark.ui.enabled", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    HorovodRunner(np=n, spark=spark, track=False).run(workers.count_lines, n=0)  # warm-up
+    HorovodRunner(np=n, spark=spark, track=False, start_timeout=args.start_timeout).run(
+        workers.count_lines, n=0)  # warm-up
     print(json.dumps(asdict(one_job(n, args, spark))), flush=True)
 
 
@@ -219,6 +222,10 @@ def main() -> None:
     p.add_argument("--gloo-timeout", type=float, default=300.0,
                    help="seconds a rank waits for each key (HOROVOD_GLOO_TIMEOUT_SECONDS; "
                         "hundreds of Python ranks on one machine are slower than real ones)")
+    p.add_argument("--start-timeout", type=float, default=60.0,
+                   help="HorovodRunner(start_timeout=...): a barrier stage of 256 tasks on "
+                        "one 2-core machine starts 768 Python processes (Spark's worker, our "
+                        "agent and the rank per task) and needs more than the default 60 s")
     p.add_argument("--spark-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -244,6 +251,7 @@ def main() -> None:
                     print(f"round {r + 1} {backend} N={n}: " + ", ".join(
                         f"{k} {v:.2f}" for k, v in asdict(sample).items()), flush=True)
         print(f"{args.rounds} rounds, {args.lines} lines and {args.metrics} metrics per rank, "
+              f"start timeout {args.start_timeout:g}s, "
               f"rendezvous {'off' if args.no_rendezvous else 'on'} "
               f"({args.ranks_per_host} ranks per host, spread {args.spread:g}s), "
               f"{psutil.cpu_count()} cores")

@@ -47,6 +47,9 @@ def test_128_local_ranks_start_and_every_line_arrives_in_order(
 
 
 def test_a_spark_barrier_stage_of_64_ranks(tmp_path: Path) -> None:
+    """64 barrier tasks start, perform hvd.init()'s rendezvous requests (as if on 8 hosts),
+    print; every line arrives in order and rank 0's value returns."""
+    connected = tmp_path / "connected"
     script = (
         "import json, sys\n"
         f"sys.path.insert(0, {str(TESTS)!r})\n"
@@ -54,16 +57,18 @@ def test_a_spark_barrier_stage_of_64_ranks(tmp_path: Path) -> None:
         "from mlflow_hvd import HorovodRunner\n"
         "r = HorovodRunner(np=64, spark_master='local[64]', track=False,\n"
         "                  driver_log_verbosity='all')\n"
-        "print('RESULT ' + json.dumps(r.run(workers.count_lines, n=5)), flush=True)\n"
+        "out = r.run(workers.scale_rank, lines=5, ranks_per_host=8,\n"
+        f"            rendezvous_dir={str(connected)!r}, rendezvous_timeout=120)\n"
+        "print('RESULT ' + json.dumps(out), flush=True)\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "RESULT 0" in proc.stdout.splitlines()
+    result = json.loads(proc.stdout.split("RESULT ")[-1])
+    assert result["rank"] == 0 and result["requests"] > 2 * 2 * 63  # two passes, 63 peers
     seen = _lines_by_rank(proc.stdout)
     assert sorted(seen) == list(range(64))
     assert all(lines == list(range(5)) for lines in seen.values())
-    assert json.loads(proc.stdout.split("RESULT ")[-1]) == 0
     assert_no_workers_left()
 
 

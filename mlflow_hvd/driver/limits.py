@@ -1,10 +1,11 @@
 """The driver's open-file limit, raised for jobs of many ranks.
 
-The driver holds a few files per rank while a job runs: for a local rank its stdout and
-stderr pipes, a pidfd and its channel connection; for every rank a held rendezvous request
-at ``hvd.init()``. A soft limit of 1024 (the default of many Linux sessions and services)
-ends a job of about 200 local ranks with ``EMFILE`` ("Too many open files") somewhere in the
-middle. The soft limit may be raised up to the hard one without privileges, as servers do.
+The driver holds a few files per rank while a job runs: for a local rank its output pipes,
+a pidfd and its channel connection; for every rank a held rendezvous request at
+``hvd.init()``. With a soft limit of 256, a job of 100 local ranks failed with ``EMFILE``
+("Too many open files") in the driver's threads and a start timeout; 1024, the default of
+many Linux sessions and services, leaves room for a few hundred. The soft limit may be
+raised up to the hard one without privileges, as servers do.
 """
 
 from __future__ import annotations

@@ -50,10 +50,14 @@ FRAME_TIMEOUT = 60.0
 # A client that cannot connect tries again until its deadline: each attempt waits at most
 # this long (a dropped connection request is not re-sent by the kernel for 1, 3, 7 s ...),
 # with a pause between attempts that doubles up to RETRY_PAUSE_MAX (with jitter, so that
-# a whole job's ranks do not come back at once).
+# a whole job's ranks do not come back at once). A refused connection, or one the driver
+# closes before its challenge, is final: the driver listens before any rank starts and
+# closes connections only when it stops, so the driver is gone (a rank orphaned by a
+# cancelled Spark task must then exit at once, not retry for a minute).
 CONNECT_ATTEMPT = 5.0
 RETRY_PAUSE = 0.05
 RETRY_PAUSE_MAX = 2.0
+GONE = (ConnectionRefusedError, EOFError, socket.gaierror)
 
 
 def connect_failure(exc: BaseException) -> str:
@@ -187,6 +191,7 @@ class ChannelClient:
         deadline = time.monotonic() + self._timeout
         pause = RETRY_PAUSE
         attempts = 0
+        started = time.monotonic()
         while True:
             attempts += 1
             remaining = deadline - time.monotonic()
@@ -207,16 +212,19 @@ class ChannelClient:
                 if sock is not None:
                     sock.close()
                 cause = exc
+                if isinstance(exc, GONE):  # the driver is not there: waiting cannot help
+                    break
             pause_now = min(pause * random.uniform(0.5, 1.5), deadline - time.monotonic())
             if pause_now <= 0:
                 break
             time.sleep(pause_now)
             pause = min(pause * 2, RETRY_PAUSE_MAX)
         raise ChannelError(
-            f"cannot reach the mlflow_hvd driver at {host}:{port} within {self._timeout:g}s "
-            f"({attempts} attempts): {connect_failure(cause)}. Check that executors can open "
-            "connections to the driver host (spark.driver.host) and that no firewall blocks "
-            "the port."
+            f"cannot reach the mlflow_hvd driver at {host}:{port} ({attempts} "
+            f"{'attempt' if attempts == 1 else 'attempts'} in "
+            f"{time.monotonic() - started:.1f}s, deadline {self._timeout:g}s): "
+            f"{connect_failure(cause)}. Check that executors can open connections to the "
+            "driver host (spark.driver.host) and that no firewall blocks the port."
         ) from cause
 
     def another(self) -> ChannelClient:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         StartTimeoutError,
         Terminated,
         TrackingError,
+        UnsupportedVersionError,
         WorkerFailedError,
     )
     from mlflow_hvd.rank.context import attempt, log_to_driver
@@ -60,6 +61,7 @@ __all__ = [
     "StartTimeoutError",
     "Terminated",
     "TrackingError",
+    "UnsupportedVersionError",
     "WorkerFailedError",
     "attempt",
     "enable_logging",

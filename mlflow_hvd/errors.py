@@ -24,6 +24,11 @@ class ConfigurationError(MlflowHvdError, ValueError):
     """An argument or setting is invalid; the message names it and what to do."""
 
 
+class UnsupportedVersionError(ConfigurationError):
+    """An installed library (pyspark, TensorFlow, Keras) is outside the versions mlflow_hvd
+    works with; the message names the version found and the supported range."""
+
+
 class InsufficientSlotsError(ConfigurationError):
     """The cluster cannot run ``np`` barrier tasks at once."""
 

@@ -14,6 +14,7 @@ from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.backends.local import LocalBackend
 from mlflow_hvd.backends.spark.boot import SessionBoot
 from mlflow_hvd.backends.spark.master import standalone_addresses
+from mlflow_hvd.common import compat
 from mlflow_hvd.common.options import check_np, check_positive_int, check_seconds
 from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
 from mlflow_hvd.driver.payload import dumps_code, dumps_payload
@@ -181,10 +182,13 @@ class HorovodRunner:
         Raises:
             WorkerFailedError: A rank raised, exited non-zero or was killed; names the rank,
                 host, exit status and the rank's traceback (or last lines of output).
+            UnsupportedVersionError: pyspark (``np > 0``) or TensorFlow (``np < 0``) outside
+                the supported versions, or ``TF_USE_LEGACY_KERAS`` set; nothing was started.
             StartTimeoutError, RunTimeoutError, InsufficientSlotsError, BackendError.
         """
         if not callable(main):
             raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
+        compat.check_driver(self.num_processor)
         code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
         self._boot.new_run()  # the master is resolved once per run
         self.prepare()  # a new SparkSession boots while MLflow's run is being set up

@@ -21,6 +21,11 @@ which works on Keras 3), and Keras 3 versions of the Keras layer:
 
 Compile models with ``jit_compile=False``: Horovod's ops have no XLA kernels in this build.
 """
+# ruff: noqa: E402  (the Keras check comes before TensorFlow's import, which takes seconds)
+
+from mlflow_hvd.common.compat import check_legacy_keras
+
+check_legacy_keras("in this process's environment")  # this layer is for Keras 3
 
 from horovod.tensorflow import (
     Average,

@@ -1,4 +1,6 @@
-"""Rank side: refuse Horovod's own Keras layer under Keras 3, before it can train wrongly.
+"""Rank side: refuse Horovod's own Keras layer under Keras 3, before it can train wrongly,
+and a TensorFlow outside the supported versions (:mod:`mlflow_hvd.common.compat`) when it
+is imported.
 
 ``horovod.tensorflow.keras`` (and ``horovod.keras``) predate Keras 3. Under Keras 3 their
 callbacks fail with errors such as ``'Variable' object has no attribute 'ref'`` or
@@ -16,7 +18,8 @@ import importlib.machinery
 import sys
 from collections.abc import Sequence
 
-from mlflow_hvd.errors import IncompatibleImportError
+from mlflow_hvd.common import compat
+from mlflow_hvd.errors import IncompatibleImportError, UnsupportedVersionError
 
 REFUSED = ("horovod.tensorflow.keras", "horovod.keras")
 
@@ -57,12 +60,20 @@ def _refused(module: str) -> str | None:
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
+    tensorflow_checked = False
+
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
         name = _refused(fullname)
         if name is not None and keras_major() >= 3:
             raise IncompatibleImportError(message(name, keras_version() or "?"))
+        if fullname == "tensorflow" and not self.tensorflow_checked:
+            self.tensorflow_checked = True  # once: the version is read from metadata
+            try:
+                compat.TENSORFLOW.check(compat.TENSORFLOW.installed(), " (in this rank)")
+            except UnsupportedVersionError as exc:
+                raise IncompatibleImportError(str(exc)) from None
         return None
 
 

@@ -150,6 +150,12 @@ def teardown_leftovers() -> None:
             _kill_namespace(ns)
             _ip("netns", "del", ns, check=False)
     _ip("link", "del", BRIDGE, check=False)
+    # a veth's host end outlives its deleted namespace while anything still holds that
+    # namespace (the kernel frees it later); its name would block the next run's set-up
+    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(": ")[1].split("@")[0] if ": " in line else ""
+        if name.startswith(f"{PREFIX}-v"):
+            _ip("link", "del", name, check=False)
     for proc in _leftover_daemons():
         with contextlib.suppress(Exception):
             proc.kill()

@@ -50,8 +50,14 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str,
 
 
 def http_json(url: str) -> Any:
+    """The JSON a URL answers; None while a starting server answers something else (Spark's
+    web UI can answer an empty body before its pages are up)."""
     with urllib.request.urlopen(url, timeout=3) as r:
-        return json.loads(r.read())
+        body = r.read()
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
 
 
 def http_ok(url: str) -> bool:
@@ -279,9 +285,10 @@ def start_spark_master(host: str, log_dir: Path, timeout: float = 60.0
 
 
 def alive_workers(ui_url: str) -> list[dict[str, Any]]:
-    return [w for w in http_json(f"{ui_url}/json/")["workers"] if w["state"] == "ALIVE"]
+    state = http_json(f"{ui_url}/json/") or {"workers": []}
+    return [w for w in state["workers"] if w["state"] == "ALIVE"]
 
 
 def applications(ui_url: str) -> list[dict[str, Any]]:
-    state = http_json(f"{ui_url}/json/")
+    state = http_json(f"{ui_url}/json/") or {}
     return list(state.get("activeapps", [])) + list(state.get("completedapps", []))

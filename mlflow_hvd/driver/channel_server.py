@@ -198,7 +198,6 @@ class ChannelServer:
             processes, the driver's address for Spark executors).
         on_request: Answers a :class:`~mlflow_hvd.protocol.messages.Request` (in the connection's
             thread; the sender waits for the answer). None: every request gets ``Retire``.
-        port: The port to listen on (0: any free one).
     """
 
     def __init__(
@@ -207,9 +206,8 @@ class ChannelServer:
         on_message: Callable[[Any], None],
         bind_host: str = "",
         on_request: Callable[[Any], object] | None = None,
-        port: int = 0,
     ) -> None:
-        self._server = _TCPServer((bind_host, port), secret, on_message, on_request)
+        self._server = _TCPServer((bind_host, 0), secret, on_message, on_request)
         self._thread: threading.Thread | None = None
 
     @property

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck clean
+.PHONY: setup demo test test-old-end lint typecheck clean lock
 
 setup:
 	bash scripts/setup.sh
@@ -24,6 +24,23 @@ test: setup
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
+	bash scripts/old_end.sh
+
+# The old end of the supported ranges (Python 3.12, TensorFlow 2.16, pyspark 3.5, MLflow
+# 3.10) in its own venv, installed as into a user's existing environment; `make test` runs it.
+test-old-end:
+	bash scripts/old_end.sh $(PYTEST_ARGS)
+
+# Re-resolve requirements/lock-py3.11.txt from pyproject.toml under requirements/pins.txt,
+# keeping the versions already locked where they still fit (UPGRADE=1: take the newest).
+lock: setup
+	$(VENV)/bin/uv pip compile pyproject.toml --extra tensorflow-cpu --extra dev \
+	  -c requirements/pins.txt --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --no-header $(if $(UPGRADE),--upgrade) \
+	  -o requirements/lock-py3.11.txt
+	$(VENV)/bin/uv pip compile pyproject.toml requirements/old-end.in --extra tensorflow-cpu \
+	  --generate-hashes --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
+	  --no-header $(if $(UPGRADE),--upgrade) -o requirements/lock-old-end-py3.12.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns spark-warehouse
+	rm -rf $(VENV) .venv-old-end .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns spark-warehouse

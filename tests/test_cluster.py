@@ -80,6 +80,7 @@ def drive(cluster: Cluster, body: str, cwd: Path, timeout: float = 300, **env: s
     return json.loads(lines[-1][len("RESULT "):])
 
 
+@pytest.mark.old_end
 def test_four_ranks_on_two_hosts_get_horovodrun_s_layout(cluster: Cluster, client: Any,
                                                          tmp_path: Path) -> None:
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments

@@ -102,3 +102,74 @@ def test_a_rank_refuses_a_tensorflow_outside_the_range_at_its_import(tmp_path: P
         "    print(type(exc).__name__, exc)\n", fake)
     assert ("IncompatibleImportError TensorFlow 2.19.0 (in this rank) is not supported: "
             "mlflow_hvd works with TensorFlow >=2.16,<2.19") in proc.stdout, proc.stderr[-2000:]
+
+
+def _fake_horovod(site: Path, version: str, gloo: bool, launcher: bool = True) -> Path:
+    """A Horovod package of ``version`` whose ``horovod.tensorflow`` reports ``gloo`` from
+    ``gloo_built()`` and has no compiled extension; with the real ``horovod.runner`` (the
+    launcher the driver uses) if ``launcher``."""
+    import importlib.util
+
+    _fake_distribution(site, "horovod", version)
+    (site / "horovod" / "tensorflow").mkdir(parents=True)
+    if launcher:
+        real = importlib.util.find_spec("horovod")
+        assert real is not None and real.submodule_search_locations
+        for name in ("runner", "common"):  # the launcher and what it imports
+            (site / "horovod" / name).symlink_to(
+                Path(next(iter(real.submodule_search_locations))) / name)
+    (site / "horovod" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    (site / "horovod" / "tensorflow" / "__init__.py").write_text(
+        f"def gloo_built():\n    return {gloo}\n")
+    return site
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    ("0.27.0", "Horovod 0.27.0 (the driver's) is not supported: mlflow_hvd works with Horovod "
+               ">=0.28.1,<0.28.2"),
+    ("0.28.1", "Horovod 0.28.1 (the driver's) was built without its TensorFlow extension "
+               "(horovod/tensorflow/mpi_lib.cpython-"),
+])
+def test_run_refuses_a_horovod_it_cannot_drive_naming_the_build_command(
+    tmp_path: Path, version: str, expected: str,
+) -> None:
+    fake = _fake_horovod(tmp_path / "site", version, gloo=True)
+    proc = _python(
+        "from mlflow_hvd import HorovodRunner, UnsupportedVersionError\n"
+        "try:\n"
+        "    HorovodRunner(np=-2, track=False).run(print)\n"
+        "except UnsupportedVersionError as exc:\n"
+        "    print('REFUSED', exc)\n", fake, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"REFUSED {expected}" in proc.stdout, proc.stdout
+    assert "Run `python -m mlflow_hvd.cli.horovod`" in proc.stdout
+
+
+def test_a_rank_refuses_a_horovod_built_without_gloo_at_its_import(tmp_path: Path) -> None:
+    fake = _fake_horovod(tmp_path / "site", "0.28.1", gloo=False)
+    proc = _python(
+        "from mlflow_hvd.rank import keras_guard\n"
+        "keras_guard.install()\n"
+        "try:\n"
+        "    import horovod.tensorflow\n"
+        "except ImportError as exc:\n"
+        "    print(type(exc).__name__, exc)\n", fake)
+    assert (f"IncompatibleImportError Horovod at {tmp_path / 'site' / 'horovod' / 'tensorflow'} "
+            "was built without Gloo, which mlflow_hvd's ranks use (no MPI). Rebuild it with "
+            "`python -m mlflow_hvd.cli.horovod --rebuild`") in proc.stdout, proc.stderr[-2000:]
+    with_gloo = _fake_horovod(tmp_path / "other", "0.28.1", gloo=True)
+    proc = _python("from mlflow_hvd.rank import keras_guard\nkeras_guard.install()\n"
+                   "import horovod.tensorflow as hvd\nprint('LOADED', hvd.gloo_built())\n",
+                   with_gloo)
+    assert "LOADED True" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_importing_mlflow_hvd_beside_a_foreign_horovod_names_the_version_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    fake = _fake_horovod(tmp_path / "site", "0.27.0", gloo=True, launcher=False)
+    proc = _python("from mlflow_hvd import HorovodRunner\n", fake)
+    assert proc.returncode == 1
+    assert ("mlflow_hvd.errors.UnsupportedVersionError: Horovod 0.27.0 is not supported: "
+            "mlflow_hvd works with Horovod >=0.28.1,<0.28.2") in proc.stderr, proc.stderr[-2000:]
+    assert "Run `python -m mlflow_hvd.cli.horovod`" in proc.stderr

@@ -19,6 +19,7 @@ from mlflow_hvd.rank.tracking.signature import declared_signature
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.old_end
 def test_two_ranks_on_half_batches_match_one_rank_on_the_full_batch(warm_ranks: Any) -> None:
     one = HorovodRunner(np=-1, track=False).run(workers.keras_numerics, steps=5)
     two = warm_ranks.run(workers.keras_numerics, steps=5)
@@ -32,6 +33,7 @@ def test_two_ranks_on_half_batches_match_one_rank_on_the_full_batch(warm_ranks: 
     assert not np.allclose(np.array(untouched["weights"][0]), np.array(one["weights"][0]))
 
 
+@pytest.mark.old_end
 def test_fit_logs_one_series_per_metric_checkpoints_and_a_loadable_model(
     store: str, warm_ranks: Any
 ) -> None:
@@ -125,6 +127,7 @@ def test_a_logged_models_signature_is_what_the_model_declares() -> None:
     assert declared_signature(Subclassed()) is None  # declares nothing
 
 
+@pytest.mark.old_end
 def test_resume_after_a_failure_continues_from_the_last_checkpoint(
     store: str, warm_ranks: Any
 ) -> None:

@@ -19,6 +19,7 @@ from mlflow_hvd.driver import DriverSettings, run_job
 from mlflow_hvd.errors import LIFECYCLE_HINT
 
 
+@pytest.mark.old_end
 def test_two_local_ranks_run_real_collectives(capsys: pytest.CaptureFixture[str]) -> None:
     result = HorovodRunner(np=-2).run(workers.collectives, scale=2.0)
     assert result["rank"] == 0  # rank 0's value comes back
@@ -60,6 +61,7 @@ def test_ranks_leave_without_atexit_hooks_and_lose_no_output(
     assert not hook.exists()
 
 
+@pytest.mark.old_end
 def test_exception_on_rank_1_is_the_root_cause_with_its_traceback() -> None:
     with pytest.raises(WorkerFailedError) as info:
         HorovodRunner(np=-2, stop_grace=2).run(workers.raise_on_rank_1)

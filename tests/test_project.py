@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -28,6 +29,12 @@ def _mlflow_run(project: Path, cwd: Path, uri: str, *params: str,
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
+def _copy_project(dest: Path) -> None:
+    """The project as a user's checkout holds it: no venvs, caches or stores."""
+    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(
+        ".venv*", ".git", "__pycache__", "*.db", "mlruns", ".*_cache", "*.egg-info"))
+
+
 def _only_run(uri: str) -> Any:
     mlflow.set_tracking_uri(uri)
     (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
@@ -49,14 +56,14 @@ def _check_trained_run(run: Any) -> None:
     assert accuracy > 0.5, accuracy  # ten classes: chance is 0.1
 
 
+@pytest.mark.old_end
 @pytest.mark.slow
 def test_mlflow_run_trains_on_two_spark_ranks_from_a_copy_in_another_directory(
     tmp_path: Path,
 ) -> None:
     """The project as a user gets it (a checkout anywhere), run from a third directory."""
     copy = tmp_path / "project-copy"
-    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "__pycache__", "*.db", "mlruns", ".*_cache"))
+    _copy_project(copy)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     uri = f"sqlite:///{tmp_path}/other.db"
@@ -111,3 +118,36 @@ def test_mlflow_run_of_the_sweep_entry_point_on_local_ranks(tmp_path: Path) -> N
     assert parent.data.metrics["best_val_loss"] == pytest.approx(losses[best])
     arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"loss_per_trial.png", "search_space.json", "hyperopt"} <= arts
+
+
+@pytest.mark.slow
+def test_mlflow_run_as_typed_creates_the_projects_environment_and_trains_on_four_ranks(
+    tmp_path: Path,
+) -> None:
+    """`mlflow run . -P np=4` with MLflow's default environment manager, as a user types it
+    with the set-up venv active: MLflow creates python_env.yaml's environment through pyenv
+    (reused by later runs), the entry point installs the project and Horovod into it, and
+    four Spark barrier ranks train in it."""
+    copy = tmp_path / "project"
+    _copy_project(copy)
+    uri = f"sqlite:///{tmp_path}/typed.db"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(["mlflow", "run", ".", "-P", "np=4", "-P", "epochs=1"], cwd=copy,
+                          env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = _only_run(uri)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow.project.env"] == "virtualenv"
+    assert run.data.tags["mlflow_hvd.np"] == "4"
+    assert run.data.tags["mlflow_hvd.horovod_version"] == "0.28.1"
+    client = mlflow.MlflowClient()
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [0]
+    # the job ran in the environment MLflow made, on the copy's code, not in this venv
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("mlflow_hvd: installed ")]
+    prefix = Path(line.rsplit(" into ", 1)[1])
+    assert line == f"mlflow_hvd: installed {copy} (editable) into {prefix}"
+    assert prefix.name.startswith("mlflow-") and prefix != Path(sys.prefix)
+    marker = json.loads((prefix / ".mlflow_hvd-horovod.json").read_text())
+    assert (marker["horovod"], marker["python"]) == ("0.28.1", "3.11")

@@ -24,6 +24,7 @@ def _no_active_jobs(spark: Any, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.old_end
 def test_two_barrier_tasks_run_real_collectives(
     spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -46,6 +47,7 @@ def test_two_barrier_tasks_run_real_collectives(
     assert_no_workers_left()
 
 
+@pytest.mark.old_end
 def test_exception_on_rank_1_cancels_the_job_and_leaves_no_worker(spark: Any) -> None:
     runner = HorovodRunner(np=2, spark=spark, stop_grace=2)
     with pytest.raises(WorkerFailedError) as info:

@@ -25,6 +25,7 @@ def _children(parent_id: str) -> list[Any]:
     return sorted(runs, key=lambda r: int(r.data.tags["mlflow_hvd.sweep.trial"]))
 
 
+@pytest.mark.old_end
 @pytest.mark.slow
 @pytest.mark.spark
 def test_sweep_of_three_spark_trials(store: str, spark: Any) -> None:

@@ -11,13 +11,18 @@ Versions are read from package metadata (nothing is imported). Checked:
   for ``np < 0`` (the ranks share its environment): 2.16 is the first TensorFlow whose Keras
   is Keras 3, 2.18 the last Horovod 0.28.1 builds against;
 * ``TF_USE_LEGACY_KERAS=1`` (Keras 2 as ``tf.keras``), on the driver and at the import of
-  :mod:`mlflow_hvd.keras`: the drop-in layer is for Keras 3.
+  :mod:`mlflow_hvd.keras`: the drop-in layer is for Keras 3;
+* Horovod, on the driver by ``run()`` (its rendezvous server runs there): installed, 0.28.1,
+  and for ``np < 0`` built with its TensorFlow extension (seen as the extension's file; whether
+  it has Gloo is checked where it is loaded, by the rank's guard).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sysconfig
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
@@ -73,6 +78,13 @@ TENSORFLOW = Supported(
     "2.16 is the first whose tf.keras is Keras 3; 2.18 the last Horovod 0.28.1 builds against",
 )
 
+HOROVOD = Supported(
+    "Horovod", ("horovod",), "0.28.1", "0.28.2",
+    "its rendezvous server and Gloo controller are what the runner drives",
+)
+# builds and installs Horovod against the installed TensorFlow (mlflow_hvd/cli/horovod.py)
+HOROVOD_COMMAND = "python -m mlflow_hvd.cli.horovod"
+
 LEGACY_KERAS_VARIABLE = "TF_USE_LEGACY_KERAS"
 
 
@@ -101,15 +113,51 @@ def check_legacy_keras(where: str) -> None:
         )
 
 
+def horovod_tensorflow_extension() -> str | None:
+    """The file of Horovod's TensorFlow extension in this environment, if it exists (found
+    without importing Horovod or TensorFlow)."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = os.path.join(root, "tensorflow", "mpi_lib" + sysconfig.get_config_var("EXT_SUFFIX"))
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def check_horovod(tensorflow: bool, where: str) -> None:
+    """Refuse a missing Horovod, another version, or (``tensorflow``) one built without its
+    TensorFlow extension, naming the command that builds the right one."""
+    found = HOROVOD.installed()
+    fix = (f"Run `{HOROVOD_COMMAND}`: it builds Horovod {HOROVOD.low} with Gloo against the "
+           "installed TensorFlow and installs it (README: Install)")
+    if found is None:
+        raise UnsupportedVersionError(f"Horovod is not installed{where}. {fix}")
+    if not HOROVOD.admits(found):
+        raise UnsupportedVersionError(
+            f"Horovod {found}{where} is not supported: mlflow_hvd works with Horovod "
+            f"{HOROVOD.range} ({HOROVOD.why}). {fix}"
+        )
+    if tensorflow and horovod_tensorflow_extension() is None:
+        raise UnsupportedVersionError(
+            f"Horovod {found}{where} was built without its TensorFlow extension "
+            f"(horovod/tensorflow/mpi_lib{sysconfig.get_config_var('EXT_SUFFIX')} is missing; "
+            f"pip builds it so when TensorFlow is not importable during the build). {fix}"
+        )
+
+
 def check_driver(np: int) -> None:
     """What ``HorovodRunner.run`` refuses before starting anything.
 
     Raises:
         UnsupportedVersionError: pyspark (``np > 0``) or TensorFlow (``np < 0``) outside
-            its range, or ``TF_USE_LEGACY_KERAS`` set.
+            its range, ``TF_USE_LEGACY_KERAS`` set, or Horovod missing, of another version or
+            (``np < 0``) without its TensorFlow extension.
     """
     check_legacy_keras("in the driver's environment")
     if np > 0:
         PYSPARK.check(PYSPARK.installed(), " (the driver's)")
     else:
         TENSORFLOW.check(TENSORFLOW.installed(), " (the driver's, which local ranks share)")
+    check_horovod(tensorflow=np < 0, where=" (the driver's)")

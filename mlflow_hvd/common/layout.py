@@ -12,9 +12,13 @@ import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 
-from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
-from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
-
+from mlflow_hvd.common.horovod_launcher import (
+    HostInfo,
+    SlotInfo,
+    create_run_env_vars,
+    create_slot_env_vars,
+    get_host_assignments,
+)
 from mlflow_hvd.protocol.messages import RankSlot
 
 WORKER_MODULE = "mlflow_hvd.rank.worker"

@@ -29,8 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
-
+from mlflow_hvd.common.horovod_launcher import RendezvousHandler, RendezvousHTTPServer
 from mlflow_hvd.common.layout import to_slot_infos
 from mlflow_hvd.driver.channel_server import LISTEN_BACKLOG
 from mlflow_hvd.protocol.messages import LayoutReport, RankSlot

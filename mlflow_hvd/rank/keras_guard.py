@@ -1,6 +1,7 @@
 """Rank side: refuse Horovod's own Keras layer under Keras 3, before it can train wrongly,
-and a TensorFlow outside the supported versions (:mod:`mlflow_hvd.common.compat`) when it
-is imported.
+a TensorFlow outside the supported versions (:mod:`mlflow_hvd.common.compat`) when it is
+imported, and a Horovod built without Gloo when ``horovod.tensorflow`` is imported (its
+``hvd.init()`` would otherwise fail inside Horovod's C++ controller).
 
 ``horovod.tensorflow.keras`` (and ``horovod.keras``) predate Keras 3. Under Keras 3 their
 callbacks fail with errors such as ``'Variable' object has no attribute 'ref'`` or
@@ -15,7 +16,9 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
+import os
 import sys
+import types
 from collections.abc import Sequence
 
 from mlflow_hvd.common import compat
@@ -59,8 +62,33 @@ def _refused(module: str) -> str | None:
     return next((n for n in REFUSED if module == n or module.startswith(n + ".")), None)
 
 
+def gloo_message(where: str) -> str:
+    return (
+        f"Horovod at {where} was built without Gloo, which mlflow_hvd's ranks use (no MPI). "
+        f"Rebuild it with `{compat.HOROVOD_COMMAND} --rebuild` (README: Install)"
+    )
+
+
+class _CheckGloo(importlib.abc.Loader):
+    """Loads ``horovod.tensorflow`` with its own loader, then refuses it if its library was
+    built without Gloo (a call into the loaded library: nothing else is imported)."""
+
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.inner.exec_module(module)
+        built = getattr(module, "gloo_built", None)
+        if callable(built) and not built():
+            raise IncompatibleImportError(gloo_message(os.path.dirname(module.__file__ or "?")))
+
+
 class _Refuse(importlib.abc.MetaPathFinder):
     tensorflow_checked = False
+    horovod_checked = False
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: object = None
@@ -74,6 +102,12 @@ class _Refuse(importlib.abc.MetaPathFinder):
                 compat.TENSORFLOW.check(compat.TENSORFLOW.installed(), " (in this rank)")
             except UnsupportedVersionError as exc:
                 raise IncompatibleImportError(str(exc)) from None
+        if fullname == "horovod.tensorflow" and not self.horovod_checked:
+            self.horovod_checked = True
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _CheckGloo(spec.loader)
+                return spec
         return None
 
 

@@ -1,0 +1,233 @@
+"""Builds Horovod against the TensorFlow installed in this environment, installs it and checks
+it: the one step pip cannot do, because Horovod compiles against the TensorFlow it finds at
+build time (pip's isolated build environment has none, and the result silently lacks its
+TensorFlow extension).
+
+    python -m mlflow_hvd.cli.horovod            # build if needed, install, check
+    python -m mlflow_hvd.cli.horovod --check    # only check what is installed
+    python -m mlflow_hvd.cli.horovod --rebuild  # ignore the cached wheel
+
+The wheel is built once per Horovod, TensorFlow, Python and CPU and kept in
+``$MLFLOW_HVD_CACHE/wheels`` (default ``~/.cache/mlflow_hvd/wheels``), so a second
+environment with the same versions installs it in seconds. The source is Horovod's sdist from
+the package index, verified against the hash below. The build is Horovod's own with
+``HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1
+HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1``: Gloo is what the runner drives, no MPI.
+A marker in the environment records what was installed, so a check of an unchanged
+environment imports nothing and takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mlflow_hvd.common import compat
+from mlflow_hvd.errors import MlflowHvdError, UnsupportedVersionError
+
+VERSION = compat.HOROVOD.low
+# sha256 of horovod-0.28.1.tar.gz on PyPI: what is compiled is what was reviewed
+SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
+BUILD_FLAGS = {
+    "HOROVOD_WITH_GLOO": "1",
+    "HOROVOD_WITH_TENSORFLOW": "1",
+    "HOROVOD_WITHOUT_MPI": "1",
+    "HOROVOD_WITHOUT_PYTORCH": "1",
+    "HOROVOD_WITHOUT_MXNET": "1",
+}
+TOOLS = ("cmake", "g++", "make")
+MARKER = ".mlflow_hvd-horovod.json"  # in sys.prefix
+BUILD_TIMEOUT = 3600.0
+CHECK_TIMEOUT = 300.0
+
+
+class HorovodBuildError(MlflowHvdError):
+    """Horovod could not be built, installed or verified here."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a Horovod build is specific to: its wheel fits only these."""
+
+    horovod: str
+    tensorflow: str
+    python: str
+    cpu: str
+
+    @property
+    def name(self) -> str:
+        return f"horovod-{self.horovod}-tf{self.tensorflow}-py{self.python}-{self.cpu}"
+
+
+def cpu_id() -> str:
+    """Machine and a digest of the CPU model and flags (the build uses the CPU's
+    instruction set)."""
+    lines: list[str] = []
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = platform.processor()
+    for key in ("model name", "flags"):
+        lines += [line for line in text.splitlines() if line.startswith(key)][:1]
+    digest = hashlib.sha256("".join(f"{line}\n" for line in lines).encode()).hexdigest()
+    return f"{platform.machine()}-{digest[:12]}"
+
+
+def target() -> Target:
+    found = compat.TENSORFLOW.installed()
+    if found is None:
+        raise UnsupportedVersionError(
+            "TensorFlow is not installed in this environment "
+            f"({sys.prefix}): Horovod is built against it. Install tensorflow or "
+            f"tensorflow-cpu {compat.TENSORFLOW.range} first (e.g. "
+            "pip install 'mlflow_hvd[tensorflow-cpu]')"
+        )
+    compat.TENSORFLOW.check(found, " (installed here)")
+    return Target(VERSION, found, f"{sys.version_info[0]}.{sys.version_info[1]}", cpu_id())
+
+
+def cache_root() -> Path:
+    base = os.environ.get("MLFLOW_HVD_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlflow_hvd"
+    )
+    return Path(base) / "wheels"
+
+
+def _marker() -> Path:
+    return Path(sys.prefix) / MARKER
+
+
+def installed_matches(t: Target) -> bool:
+    """Whether this environment holds the Horovod built for ``t`` (by our marker and the
+    installed metadata; nothing imported)."""
+    try:
+        recorded = json.loads(_marker().read_text())
+    except (OSError, ValueError):
+        return False
+    return (recorded == asdict(t) and compat.HOROVOD.installed() == t.horovod
+            and compat.horovod_tensorflow_extension() is not None)
+
+
+def _pip(*args: str, env: dict[str, str] | None = None, timeout: float) -> None:
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
+    try:
+        done = subprocess.run(cmd, env=env, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise HorovodBuildError(f"`{' '.join(cmd)}` did not finish within {timeout:.0f}s") from None
+    if done.returncode != 0:
+        raise HorovodBuildError(f"`{' '.join(cmd)}` failed with exit code {done.returncode} "
+                                "(its output is above)")
+
+
+def build_wheel(t: Target, dest: Path) -> Path:
+    """Build Horovod's wheel for ``t`` into ``dest`` (atomically: a failed build leaves no
+    directory)."""
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise HorovodBuildError(
+            f"{', '.join(missing)} not found: Horovod compiles from source "
+            "(on Debian/Ubuntu: apt-get install -y cmake g++ make)"
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        spec = work / "horovod.txt"
+        spec.write_text(f"horovod=={t.horovod} --hash=sha256:{SDIST_SHA256}\n")
+        env = dict(os.environ, **BUILD_FLAGS, MAKEFLAGS=f"-j{os.cpu_count() or 1}")
+        print(f"building Horovod {t.horovod} against TensorFlow {t.tensorflow} on Python "
+              f"{t.python} (3-5 minutes on 2 cores) ...", flush=True)
+        _pip("wheel", "--no-deps", "--no-build-isolation", "--no-binary", "horovod",
+             "--require-hashes", "--no-cache-dir", "-w", str(work / "wheel"), "-r", str(spec),
+             env=env, timeout=BUILD_TIMEOUT)
+        (work / "wheel").rename(dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return wheel_in(dest)
+
+
+def wheel_in(directory: Path) -> Path:
+    wheels = sorted(directory.glob("horovod-*.whl"))
+    if not wheels:
+        raise HorovodBuildError(f"no Horovod wheel in {directory}")
+    return wheels[-1]
+
+
+def verify(timeout: float = CHECK_TIMEOUT) -> str:
+    """Load Horovod's TensorFlow extension in a fresh interpreter (as a rank will) and check
+    it has Gloo; returns what it reported."""
+    probe = ("import horovod, horovod.tensorflow as hvd, tensorflow as tf; "
+             "print(horovod.__version__, tf.__version__, hvd.gloo_built(), hvd.mpi_built())")
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise HorovodBuildError(f"importing horovod.tensorflow took over {timeout:.0f}s") from None
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise HorovodBuildError(f"horovod.tensorflow does not load here:\n{tail}\n"
+                                f"Rebuild it: {compat.HOROVOD_COMMAND} --rebuild")
+    hv, tf, gloo, _mpi = done.stdout.split()[-4:]
+    if gloo != "True":
+        raise HorovodBuildError(f"Horovod {hv} here was built without Gloo, which the runner "
+                                f"needs. Rebuild it: {compat.HOROVOD_COMMAND} --rebuild")
+    return f"Horovod {hv} with Gloo and TensorFlow {tf}"
+
+
+def ensure(rebuild: bool = False) -> tuple[bool, str]:
+    """Make this environment's Horovod the one built for its TensorFlow; returns whether
+    anything was installed and a line saying what."""
+    t = target()
+    if not rebuild and installed_matches(t):
+        return False, (f"Horovod {t.horovod} for TensorFlow {t.tensorflow} is installed "
+                       f"({_marker()})")
+    started = time.monotonic()
+    directory = cache_root() / t.name
+    if rebuild or not directory.is_dir():
+        if directory.is_dir():
+            shutil.rmtree(directory)
+        wheel = build_wheel(t, directory)
+        how = f"built {wheel.name} in {time.monotonic() - started:.0f}s"
+    else:
+        wheel = wheel_in(directory)
+        how = f"reused {wheel}"
+    _pip("install", "--quiet", "--no-deps", "--force-reinstall", str(wheel), timeout=600)
+    _marker().unlink(missing_ok=True)
+    report = verify()
+    _marker().write_text(json.dumps(asdict(t)))
+    return True, f"{report}: {how}, installed in {sys.prefix}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--check", action="store_true",
+                       help="only check the installed Horovod (loads it; builds nothing)")
+    group.add_argument("--rebuild", action="store_true",
+                       help="build again even if a wheel for these versions is cached")
+    args = parser.parse_args(argv)
+    try:
+        if args.check:
+            target()
+            compat.check_horovod(tensorflow=True, where=" (installed here)")
+            print(verify())
+        else:
+            print(ensure(rebuild=args.rebuild)[1])
+    except MlflowHvdError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mlflow_hvd.common.horovod_env import HorovodOptions
     from mlflow_hvd.errors import (
         AuthenticationError,
         BackendError,
@@ -50,6 +51,7 @@ __all__ = [
     "BackendError",
     "ChannelError",
     "ConfigurationError",
+    "HorovodOptions",
     "HorovodRunner",
     "IncompatibleImportError",
     "InsufficientSlotsError",
@@ -69,6 +71,7 @@ __all__ = [
 ]
 _WHERE = {
     **{name: "mlflow_hvd.errors" for name in __all__ if name != "enable_logging"},
+    "HorovodOptions": "mlflow_hvd.common.horovod_env",
     "HorovodRunner": "mlflow_hvd.runner",
     "log_to_driver": "mlflow_hvd.rank.context",
     "attempt": "mlflow_hvd.rank.context",

@@ -15,6 +15,7 @@ from mlflow_hvd.backends.local import LocalBackend
 from mlflow_hvd.backends.spark.boot import SessionBoot
 from mlflow_hvd.backends.spark.master import standalone_addresses
 from mlflow_hvd.common import compat
+from mlflow_hvd.common.horovod_env import HorovodOptions, job_env
 from mlflow_hvd.common.options import check_np, check_positive_int, check_seconds
 from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
 from mlflow_hvd.driver.payload import dumps_code, dumps_payload
@@ -91,6 +92,24 @@ class HorovodRunner:
         idle_timeout: Inside ``with runner:``, warm ranks that wait longer than this for
             the next ``run`` are retired (their Spark slots freed); the next ``run`` starts
             new ones.
+        horovod: ``horovodrun``'s tuning flags for every rank
+            (:class:`~mlflow_hvd.HorovodOptions`: timeline, fusion threshold, cycle time,
+            cache capacity, hierarchical allreduce/allgather, autotune and its log). The
+            driver's ``HOROVOD_*`` variables (read here) and the executors' (Spark's
+            ``spark.executorEnv.*``) reach every rank too; the options win over both, the
+            driver's over the executors'. The variables the runner sets per rank (rank,
+            size, rendezvous, controller) are refused, naming them. A timeline or
+            autotune log is written on rank 0's host and logged to the job's run
+            (``horovod/timeline.json``, ``horovod/autotune_log.csv``) when ``main``
+            returns.
+        gpu_resource: For ``np > 0`` with Spark's resource scheduling
+            (``spark.task.resource.<name>.amount``): the resource whose addresses each rank
+            gets as ``CUDA_VISIBLE_DEVICES`` (default ``"gpu"``). A rank sees the GPUs Spark
+            gave the job's tasks on its host, ordered by local rank, so
+            ``gpus[hvd.local_rank()]`` is the one Spark gave its own task; where Spark let
+            tasks share a GPU (a fractional amount), a rank sees only its own. Without the
+            resource nothing is changed. ``np < 0``: ``CUDA_VISIBLE_DEVICES`` is left as the
+            driver has it, so local rank ``i`` takes the driver's ``i``-th visible GPU.
 
     SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
     stopped, the Spark job group cancelled, the run ended KILLED, and
@@ -117,6 +136,8 @@ class HorovodRunner:
         max_failures: int = 0,
         log_prefix: str = "",
         idle_timeout: float = 3600.0,
+        horovod: HorovodOptions | None = None,
+        gpu_resource: str = "gpu",
     ) -> None:
         self.num_processor = check_np(np)
         try:
@@ -136,6 +157,8 @@ class HorovodRunner:
             gloo_iface=gloo_iface,
             log_prefix=str(log_prefix),
             idle_timeout=check_seconds("idle_timeout", idle_timeout),
+            horovod_env=_horovod_env(horovod),
+            gpu_resource=_resource_name(gpu_resource),
         )
         self._slot_timeout = check_seconds("slot_timeout", slot_timeout)
         self._spark = spark
@@ -370,3 +393,23 @@ class HorovodRunner:
 
 def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def _horovod_env(options: HorovodOptions | None) -> tuple[tuple[str, str], ...]:
+    """Horovod's tuning for every rank: the driver's ``HOROVOD_*`` variables as they are
+    now, overridden by ``options`` (refuses the variables the runner owns)."""
+    import os
+
+    if options is not None and not isinstance(options, HorovodOptions):
+        raise ConfigurationError(
+            f"horovod must be a mlflow_hvd.HorovodOptions, got {type(options).__name__}")
+    return tuple(sorted(job_env(options, os.environ).items()))
+
+
+def _resource_name(name: str) -> str:
+    if not isinstance(name, str) or not name or not name.replace("_", "").replace(
+            "-", "").replace(".", "").isalnum():
+        raise ConfigurationError(
+            f"gpu_resource must be the name of a Spark resource (as in "
+            f"spark.task.resource.<name>.amount), got {name!r}")
+    return name

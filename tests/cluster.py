@@ -209,10 +209,21 @@ def kept_under_tmp() -> list[Path]:
     return sorted(p for p in paths if p.is_relative_to("/tmp"))
 
 
+# The GPUs each node's worker offers, found by Spark's discovery script (no real GPU: Spark
+# only schedules addresses). Applications that request none are unaffected.
+GPUS = {"node-a": ("3", "7"), "node-b": ("0", "5")}
+
+
 def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
                   state: Path) -> subprocess.Popen[bytes]:
     work = state / node / "work"
     work.mkdir(parents=True, exist_ok=True)
+    discover = state / node / "discover-gpus.sh"
+    addresses = ", ".join(f'"{a}"' for a in GPUS[node])
+    discover.write_text(f"#!/bin/sh\necho '{{\"name\": \"gpu\", \"addresses\": [{addresses}]}}'\n")
+    discover.chmod(0o755)
+    gpu_opts = (f"-Dspark.worker.resource.gpu.amount={len(GPUS[node])} "
+                f"-Dspark.worker.resource.gpu.discoveryScript={discover}")
     # Inside the node's own mount namespace only: the kept paths are bound onto a fresh
     # tmpfs first, /tmp is replaced by an empty tmpfs, and the kept paths are bound back.
     # Nothing of the host's /tmp is ever mounted under a host-visible directory.
@@ -229,6 +240,7 @@ def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
         f"hostname {node} && mount --bind {hosts_file} /etc/hosts && "
         f"mkdir -p {stage} && mount -t tmpfs -o size=1m tmpfs {stage} && {keep_in}"
         f"mount -t tmpfs -o size=2g tmpfs /tmp && {keep_out}"
+        f"export SPARK_WORKER_OPTS='{gpu_opts}' && "
         f"exec {spark_class()} org.apache.spark.deploy.worker.Worker {master_url} "
         f"--host {ip} --cores 2 --memory 3g --work-dir {work}"
     )

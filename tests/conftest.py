@@ -46,6 +46,8 @@ def spark() -> Iterator[Any]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+        # a Horovod tuning variable set the Spark way: it reaches every rank (test_horovod_knobs)
+        .config("spark.executorEnv.HOROVOD_STALL_CHECK_TIME_SECONDS", "120")
         # as HorovodRunner's own sessions start (backends/spark/jvm.py); the executors get
         # the C1-only JIT too: less CPU taken from the ranks on 2 cores
         .config("spark.driver.defaultJavaOptions", jvm.driver_java_options())

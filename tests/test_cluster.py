@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -323,3 +324,33 @@ def test_a_two_trial_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_pat
     assert sorted(c.info.status for c in children) == ["FINISHED", "FINISHED"]
     assert {c.data.tags["mlflow_hvd.spark_master"] for c in children} == {cluster.master_url}
     assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] in {c.info.run_id for c in children}
+
+
+def test_gpus_spark_assigns_on_each_host_are_what_the_ranks_see(
+    cluster: Cluster, client: Any, tmp_path: Path,
+) -> None:
+    """Each node's worker offers two (fake) GPUs with its own addresses; four ranks, two
+    per node, each task given one: every rank's `gpus[local_rank]` is its own task's GPU,
+    and no two ranks on a node share one."""
+    from cluster import GPUS, STATE
+
+    out = STATE / "gpu-views"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    result = drive(cluster, f"""
+        from pyspark.sql import SparkSession
+        spark = (SparkSession.builder.config("spark.executor.resource.gpu.amount", "2")
+                 .config("spark.task.resource.gpu.amount", "1").getOrCreate())
+        HorovodRunner(np=4, spark=spark, track=False).run(workers.gpu_view, out_dir={str(out)!r})
+        result = "ok"
+    """, tmp_path)
+    assert result == "ok", result
+    views = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    for node, gpus in GPUS.items():
+        here = [v for v in views if v["host"] == node]
+        assert sorted(v["MLFLOW_HVD_TASK_DEVICES"] for v in here) == sorted(gpus)
+        for view in here:
+            visible = view["CUDA_VISIBLE_DEVICES"].split(",")
+            assert sorted(visible) == sorted(gpus)
+            assert visible[int(view["HOROVOD_LOCAL_RANK"])] == view["MLFLOW_HVD_TASK_DEVICES"]
+    shutil.rmtree(out, ignore_errors=True)

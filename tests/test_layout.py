@@ -71,10 +71,11 @@ def test_rank_env_has_every_variable_a_gloo_rank_needs() -> None:
     }
 
 
-def test_worker_env_drops_stale_horovod_and_run_variables() -> None:
-    base = {"PATH": "/bin", "HOROVOD_RANK": "9", "HOROVOD_FOO": "x", "MLFLOW_RUN_ID": "abc"}
+def test_worker_env_drops_the_runners_own_variables_and_the_run_keeps_tuning() -> None:
+    base = {"PATH": "/bin", "HOROVOD_RANK": "9", "HOROVOD_SIZE": "9",
+            "HOROVOD_FUSION_THRESHOLD": "x", "MLFLOW_RUN_ID": "abc"}
     env = worker_env(base, {"HOROVOD_RANK": "1"})
-    assert env == {"PATH": "/bin", "HOROVOD_RANK": "1"}
+    assert env == {"PATH": "/bin", "HOROVOD_RANK": "1", "HOROVOD_FUSION_THRESHOLD": "x"}
 
 
 def test_worker_command_carries_no_secret() -> None:

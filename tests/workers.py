@@ -551,3 +551,35 @@ def scale_rank(lines: int, metrics: int = 0, ranks_per_host: int | None = None,
     for i in range(lines):
         print(f"line {i}", flush=True)
     return {"rank": _rank(), "requests": requests}
+
+
+def horovod_knobs() -> list[dict[str, str]]:
+    """Every rank's HOROVOD_* tuning variables (gathered on rank 0) after a few allreduces
+    that the timeline records."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    for step in range(3):
+        hvd.allreduce(tf.constant([float(hvd.rank() + step)]), name=f"knob_{step}")
+    owned = {"HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+             "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
+             "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
+             "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE"}
+    mine = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_") and k not in owned}
+    mine["rank"] = str(hvd.rank())
+    return hvd.allgather_object(mine)
+
+
+def gpu_view(out_dir: str) -> None:
+    """Each rank writes what it was given: the GPUs it sees, its task's own, its local rank
+    (no TensorFlow: only the environment is looked at)."""
+    import json
+    import socket
+
+    rank = _rank()
+    view = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "MLFLOW_HVD_TASK_DEVICES",
+                                           "HOROVOD_LOCAL_RANK")}
+    view["host"] = socket.gethostname()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(view, f)

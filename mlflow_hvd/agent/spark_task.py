@@ -10,18 +10,20 @@ retry the barrier stage: the driver decides and cancels the job.
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from mlflow_hvd.agent import run_worker, staged_payload, worker_launch
 from mlflow_hvd.common import logs
-from mlflow_hvd.common.layout import assign_slots
+from mlflow_hvd.common.layout import Devices, assign_slots, visible_devices
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.channel import ChannelClient
 from mlflow_hvd.protocol.job import JobSpec
-from mlflow_hvd.protocol.messages import LayoutReport
+from mlflow_hvd.protocol.messages import LayoutReport, RankSlot
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,19 @@ def iface_towards(address: str) -> str:
     )
 
 
+def _devices(ctx: Any, resource: str, slots: Sequence[RankSlot],
+             partition: int) -> Devices | None:
+    """The addresses of ``resource`` (GPUs) this task's rank sees, or None when Spark
+    assigned the stage none. Every task of the stage has the same resource profile, so all
+    or none take part in the exchange (an ``allGather``: about a second, GPU jobs only)."""
+    info = ctx.resources().get(resource)
+    if info is None:
+        return None
+    mine = [str(a) for a in info.addresses]
+    every = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]  # in partition order
+    return visible_devices(slots, every, partition)
+
+
 def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
     """Build the function that ``mapPartitions`` runs in every barrier task."""
 
@@ -64,6 +79,7 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
         # every task's executor address, known to each task without a round trip (an
         # allGather costs about a second: it polls every second)
         slots = assign_slots([info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()])
+        devices = _devices(ctx, job.gpu_resource, slots, partition)
         client = ChannelClient(job.driver_host, job.channel_port, job.secret, job.channel_timeout)
         try:
             client.send(LayoutReport(partition, slots))
@@ -77,6 +93,7 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
                     iface=iface,
                     cwd=None,
                     host_name=socket.gethostname(),
+                    devices=devices,
                 )
                 log.info("job %s: task %d starts rank %d on %s", job.job_id, partition,
                          launch.rank, launch.host)

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from mlflow_hvd.agent.process import WorkerLaunch
-from mlflow_hvd.common import logs, scratch
-from mlflow_hvd.common.layout import rank_env, worker_command, worker_env
+from mlflow_hvd.common import horovod_env, logs, scratch
+from mlflow_hvd.common.layout import Devices, rank_env, worker_command, worker_env
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import Bootstrap, RankSlot
 
@@ -42,16 +42,24 @@ def worker_launch(
     cwd: str | None,
     python: str | None = None,
     host_name: str | None = None,
+    devices: Devices | None = None,
 ) -> WorkerLaunch:
     """How to start the worker of ``slot.rank``: command, environment and bootstrap.
 
     ``driver_host`` is the address this host uses to reach the driver (its channel and
     horovod's rendezvous server); ``iface`` the network interface Gloo uses; ``host_name``
-    the name this host goes by in messages (default: the slot's host, e.g. an address).
+    the name this host goes by in messages (default: the slot's host, e.g. an address);
+    ``devices`` the GPUs the rank sees and its task's own (None: ``CUDA_VISIBLE_DEVICES``
+    left as it is).
     """
     host = host_name or slot.hostname
-    env = worker_env(os.environ, rank_env(slot, driver_host, job.rendezvous_port, iface))
+    env = worker_env(os.environ, rank_env(slot, driver_host, job.rendezvous_port, iface),
+                     dict(job.horovod_env))
+    # the timeline and autotune log go to the rank's scratch directory on this host
+    env.update(horovod_env.rank_files(env, os.path.dirname(payload_path), slot.rank))
     env[HOST_NAME_VAR] = host
+    if devices is not None:
+        env.update(devices.env())
     if job.log_level:
         env[logs.ENV] = job.log_level
     return WorkerLaunch(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from mlflow_hvd.common import compat
 
 try:
+    from horovod.runner.common.util import config_parser
     from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
     from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
@@ -20,6 +21,7 @@ __all__ = [
     "RendezvousHTTPServer",
     "RendezvousHandler",
     "SlotInfo",
+    "config_parser",
     "create_run_env_vars",
     "create_slot_env_vars",
     "get_host_assignments",

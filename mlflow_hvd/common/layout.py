@@ -12,6 +12,7 @@ import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 
+from mlflow_hvd.common.horovod_env import OWNED
 from mlflow_hvd.common.horovod_launcher import (
     HostInfo,
     SlotInfo,
@@ -50,6 +51,45 @@ def assign_slots(task_hosts: Sequence[str]) -> tuple[RankSlot, ...]:
     return tuple(by_task[t] for t in range(len(task_hosts)))
 
 
+@dataclasses.dataclass(frozen=True)
+class Devices:
+    """A rank's share of a Spark resource (GPUs): what it sees (``CUDA_VISIBLE_DEVICES``)
+    and what Spark assigned its own task (``MLFLOW_HVD_TASK_DEVICES``)."""
+
+    visible: tuple[str, ...]
+    own: tuple[str, ...]
+
+    def env(self) -> dict[str, str]:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.visible),
+                "MLFLOW_HVD_TASK_DEVICES": ",".join(self.own)}
+
+
+def visible_devices(
+    slots: Sequence[RankSlot], addresses: Sequence[Sequence[str]], task: int
+) -> Devices:
+    """The devices (e.g. GPUs) task ``task``'s rank should see, from the addresses Spark
+    assigned every task (``addresses``, indexed like ``slots``).
+
+    When every device of a host belongs to one task: all the job's devices on that host,
+    ordered by local rank, so that the usual ``gpus[hvd.local_rank()]`` picks the task's own
+    (with several devices per task, its first). When Spark let tasks share a device
+    (fractional ``spark.task.resource.*.amount``): only the task's own devices, since a
+    shared device cannot appear twice in ``CUDA_VISIBLE_DEVICES``.
+    """
+    host = slots[task].hostname
+    mine = sorted((t for t, s in enumerate(slots) if s.hostname == host),
+                  key=lambda t: slots[t].local_rank)
+    own = tuple(addresses[task])
+    ordered = [a for t in mine for a in addresses[t]]
+    shared = len(set(ordered)) < len(ordered)
+    if shared or any(len(addresses[t]) != len(own) for t in mine):
+        return Devices(own, own)  # each sees its own
+    # rank i's first device at index i, then everyone's others
+    firsts = [addresses[t][0] for t in mine if addresses[t]]
+    rest = [a for t in mine for a in addresses[t][1:]]
+    return Devices(tuple(firsts + rest), own)
+
+
 _SLOT_FIELDS = tuple(f.name for f in dataclasses.fields(RankSlot))
 
 
@@ -84,14 +124,15 @@ def rank_env(
     return env
 
 
-def worker_env(base: Mapping[str, str], rank_vars: Mapping[str, str]) -> dict[str, str]:
-    """The full environment of a worker: ``base`` without stale HOROVOD_* and run variables,
-    plus ``rank_vars``."""
-    env = {
-        k: v
-        for k, v in base.items()
-        if not k.startswith("HOROVOD_") and k not in ("MLFLOW_RUN_ID",)
-    }
+def worker_env(
+    base: Mapping[str, str], rank_vars: Mapping[str, str],
+    tuning: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The full environment of a worker: ``base`` (the host's environment: Horovod's tuning
+    variables kept, the ones the runner owns and the run id dropped), then the job's
+    ``tuning`` (:mod:`mlflow_hvd.common.horovod_env`), then ``rank_vars``."""
+    env = {k: v for k, v in base.items() if k not in OWNED and k != "MLFLOW_RUN_ID"}
+    env.update(tuning or {})
     env.update(rank_vars)
     return env
 

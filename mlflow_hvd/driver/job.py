@@ -76,6 +76,8 @@ def run_job(
             stop_grace=settings.stop_grace,
             gloo_iface=settings.gloo_iface,
             log_level=logs.handed_level(),
+            horovod_env=settings.horovod_env,
+            gpu_resource=settings.gpu_resource,
         )
         log.info("job %s: starting %d ranks on the %s backend (%s)", job.job_id, np,
                  backend.name, description)

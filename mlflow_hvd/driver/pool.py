@@ -120,6 +120,8 @@ class _Generation:
             gloo_iface=self.settings.gloo_iface,
             pooled=True,
             log_level=logs.handed_level(),
+            horovod_env=self.settings.horovod_env,
+            gpu_resource=self.settings.gpu_resource,
         )
 
     def _write(self, request: TrackingWrite) -> object:

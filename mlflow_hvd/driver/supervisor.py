@@ -69,6 +69,8 @@ class DriverSettings:
     # After a failure and stop(), how long the other ranks get to report their exit; also
     # how long exit reports may lag behind a backend that says it finished.
     report_grace: float = 15.0
+    horovod_env: tuple[tuple[str, str], ...] = ()  # Horovod's tuning, for every rank
+    gpu_resource: str = "gpu"  # Spark resource name of the GPUs ranks get
 
 
 class JobState(enum.Enum):

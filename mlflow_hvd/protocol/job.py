@@ -28,6 +28,8 @@ class JobSpec:
             (:mod:`mlflow_hvd.driver.pool`).
         idle_timeout: How long a pooled worker waits for the next job before the driver
             retires it, in seconds.
+        horovod_env: Horovod's tuning variables every rank gets (from ``HorovodOptions``
+            and the driver's environment).
     """
 
     np: int
@@ -45,3 +47,6 @@ class JobSpec:
     pooled: bool = False
     log_level: str = ""  # the driver's lifecycle log level for agents and ranks ("": off)
     idle_timeout: float = 3600.0
+    # HOROVOD_* tuning variables for every rank (mlflow_hvd.common.horovod_env.job_env)
+    horovod_env: tuple[tuple[str, str], ...] = ()
+    gpu_resource: str = "gpu"  # the Spark resource whose addresses become CUDA_VISIBLE_DEVICES

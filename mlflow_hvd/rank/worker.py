@@ -29,7 +29,7 @@ import traceback
 
 import cloudpickle
 
-from mlflow_hvd.common import code_sources
+from mlflow_hvd.common import code_sources, horovod_env
 from mlflow_hvd.common.procs import set_parent_death_signal
 from mlflow_hvd.errors import ChannelError, TrackingError
 from mlflow_hvd.protocol import records
@@ -114,6 +114,8 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes) 
             if exc.code not in (0, None):
                 raise
             value = None
+        if rank == 0:
+            _log_horovod_files()
         _finish_tracking(client, strict=True)  # before reporting success: nothing is lost
         if rank == 0:
             client.send(WorkerResult(rank, cloudpickle.dumps(value)))
@@ -151,6 +153,23 @@ def _end_pooled_job() -> None:
     mark = (JOB_END_MARK + "\n").encode()
     os.write(1, mark)
     os.write(2, mark)
+
+
+def _log_horovod_files() -> None:
+    """Rank 0: log the timeline and autotune log Horovod wrote on this host into the job's
+    run. Horovod completes them when it shuts down, so it is shut down first (the job's
+    collectives are over once ``main`` returned)."""
+    files = [(os.environ[var], artifact) for var, artifact in horovod_env.FILES.items()
+             if os.environ.get(var)]
+    if not files:
+        return
+    _shutdown_horovod()
+    for path, artifact in files:
+        if os.path.isfile(path):
+            tracking_api.log_artifact(path, os.path.dirname(artifact))
+        else:
+            sys.stderr.write(f"mlflow_hvd: Horovod wrote no {os.path.basename(artifact)} "
+                             f"(expected at {path}); did main call hvd.init()?\n")
 
 
 def _shutdown_horovod() -> None:

@@ -7,7 +7,11 @@ import threading
 from typing import Any
 
 from mlflow_hvd.agent.spark_task import barrier_task
-from mlflow_hvd.backends.spark.session import check_barrier_supported, wait_for_slots
+from mlflow_hvd.backends.spark.session import (
+    check_barrier_supported,
+    check_executor_env,
+    wait_for_slots,
+)
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import BackendFinished, Sink
 
@@ -30,6 +34,7 @@ class SparkBackend:
 
     def start(self, job: JobSpec, sink: Sink) -> None:
         check_barrier_supported(self._sc.getConf())
+        check_executor_env(self._sc.getConf())
         wait_for_slots(self._sc, job.np, self._slot_timeout)
         self._job_id = job.job_id
         self._thread = threading.Thread(

@@ -9,6 +9,7 @@ from typing import Any
 
 from mlflow_hvd.backends.spark import jvm
 from mlflow_hvd.backends.spark.master import AUTO, check_reachable, choose_master
+from mlflow_hvd.common.horovod_env import refuse_owned
 from mlflow_hvd.errors import (
     ConfigurationError,
     InsufficientSlotsError,
@@ -71,6 +72,14 @@ def new_session(master: str) -> Any:
     return builder.getOrCreate()
 
 
+def check_executor_env(conf: Any) -> None:
+    """Refuse ``spark.executorEnv.HOROVOD_*`` settings of the variables the runner sets for
+    each rank (Horovod's tuning variables there are welcome: they reach every rank)."""
+    prefix = "spark.executorEnv."
+    names = [key[len(prefix):] for key, _ in conf.getAll() if key.startswith(prefix)]
+    refuse_owned(names, "Spark's configuration (spark.executorEnv.*)")
+
+
 def check_barrier_supported(conf: Any) -> None:
     """Fail fast on configurations where Spark refuses or stalls barrier stages."""
     if str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
@@ -128,6 +137,16 @@ def wait_for_slots(sc: Any, np: int, timeout: float) -> int:
         time.sleep(0.25)
 
 
+def _task_resources(conf: Any) -> dict[str, str]:
+    """``spark.task.resource.<name>.amount`` settings: name -> amount."""
+    found = {}
+    for key, value in conf.getAll():
+        match = re.fullmatch(r"spark\.task\.resource\.([^.]+)\.amount", key)
+        if match:
+            found[match.group(1)] = value
+    return found
+
+
 def _slots_message(sc: Any, np: int, slots: int, ceiling: int | None, timeout: float) -> str:
     conf = sc.getConf()
     text = (
@@ -142,6 +161,15 @@ def _slots_message(sc: Any, np: int, slots: int, ceiling: int | None, timeout: f
         f"spark.task.cpus={conf.get('spark.task.cpus', '1')}). Lower np, add executors or "
         "cores, or raise HorovodRunner(slot_timeout=...) if executors are still starting"
     )
+    resources = _task_resources(conf)
+    if resources:
+        # a task needing a resource (GPUs) runs only where one is free: often the limit
+        text += ". Each task also needs " + ", ".join(
+            f"{amount} {name} (spark.task.resource.{name}.amount; executors have "
+            f"spark.executor.resource.{name}.amount="
+            f"{conf.get(f'spark.executor.resource.{name}.amount', 'unset')})"
+            for name, amount in resources.items()
+        ) + ": too few are assigned for np tasks at once; lower np or add executors with them"
     if slots == 0:
         text += (
             ". No executor has registered at all: check that the cluster's workers are alive "

@@ -141,8 +141,9 @@ def _mlflow_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("api", ["mlflow_hvd", "mlflow"])  # mlflow: MLflow's own fluent API
 def test_tracking_server_down_for_10s_mid_run_loses_and_repeats_nothing(
-    tmp_path: Path, loopback_server: Any
+    tmp_path: Path, loopback_server: Any, api: str
 ) -> None:
     server = loopback_server
     mlflow.set_tracking_uri(server.url)
@@ -154,7 +155,8 @@ def test_tracking_server_down_for_10s_mid_run_loses_and_repeats_nothing(
     back = tmp_path / "server-is-back"  # the job outlasts the outage, however slow a restart
 
     def job() -> None:
-        done["value"] = runner.run(workers.log_steadily, n=n, interval=0.1, until=str(back))
+        done["value"] = runner.run(workers.log_steadily, n=n, interval=0.1, until=str(back),
+                                   api=api)
 
     thread = threading.Thread(target=job)
     try:

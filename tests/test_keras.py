@@ -170,3 +170,22 @@ def test_misuse_of_the_keras_layer_is_refused_on_every_rank(warm_ranks: Any) -> 
         "counts": "ranks hold different numbers of variables to broadcast (by rank: [6, 4]); "
         "build the model and optimizer the same way on every rank",
     }
+
+
+def test_mlflow_autolog_and_the_callback_log_each_epoch_once_into_the_jobs_run(
+    store: str, warm_ranks: Any
+) -> None:
+    """Autolog writes the epoch metrics (MlflowCallback then logs only its checkpoints), into
+    the job's run, and is off again for the next job on the same warm ranks."""
+    runner = warm_ranks
+    assert runner.run(workers.keras_autolog_with_callback, epochs=2) == runner.last_run_id
+    run_id = runner.last_run_id
+    client = mlflow.MlflowClient()
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["epochs"] == "2"  # autolog's own param of fit
+    assert run.data.tags["mlflow.latest_checkpoint_artifact"] == (
+        "checkpoints/epoch_1/checkpoint.keras")
+    assert len(mlflow.search_runs(search_all_experiments=True, output_format="list")) == 1
+    assert runner.run(workers.autolog_state, enable=False, flavor="tensorflow") is False

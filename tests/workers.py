@@ -313,11 +313,15 @@ def sleep_after_init(seconds: float = 600.0) -> None:
     time.sleep(seconds)
 
 
-def log_steadily(n: int, interval: float, until: str | None = None) -> int:
+def log_steadily(n: int, interval: float, until: str | None = None,
+                 api: str = "mlflow_hvd") -> int:
     """Rank 0 logs metric ``x`` = i at step i, one every ``interval`` seconds, plus a tag, a
     param and an artifact half-way; then, if ``until`` is given, waits (at most 300 s) for
-    that file to exist. Returns how many values it logged."""
-    from mlflow_hvd import tracking
+    that file to exist. Returns how many values it logged. ``api``: ``"mlflow_hvd"``
+    (:mod:`mlflow_hvd.tracking`) or ``"mlflow"`` (MLflow's own fluent functions)."""
+    import importlib
+
+    tracking = importlib.import_module("mlflow_hvd.tracking" if api == "mlflow_hvd" else api)
 
     for i in range(n):
         tracking.log_metric("x", float(i), step=i)
@@ -583,3 +587,74 @@ def gpu_view(out_dir: str) -> None:
     view["host"] = socket.gethostname()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(view, f)
+
+
+def fluent_mlflow(n_steps: int = 3) -> dict[str, Any]:
+    """MLflow's own fluent API, as MLflow's docs write it, on every rank (no TensorFlow)."""
+    import mlflow
+
+    rank = _rank()
+    active = mlflow.active_run()
+    with mlflow.start_run() as run:
+        mlflow.log_param("alpha", 0.5)
+        mlflow.log_params({"beta": 2})
+        for step in range(n_steps):
+            mlflow.log_metric("m", step * 10.0, step=step)
+        mlflow.log_metrics({"a": 1.0, "b": 2.0}, step=0)
+        mlflow.set_tag("who", f"rank{rank}")
+        mlflow.set_tags({"t": "1"})
+        mlflow.log_dict({"rank": rank}, "info/fluent.json")
+    mlflow.end_run()
+    after = mlflow.active_run()
+    return {"active": active.info.run_id if active else None, "run": run.info.run_id,
+            "after": after.info.run_id if after else None}
+
+
+def fluent_refusals() -> list[str]:
+    """What a job may not do with MLflow's API on rank 0: other runs."""
+    import mlflow
+
+    from mlflow_hvd import ConfigurationError
+
+    refused = []
+    for call in (lambda: mlflow.start_run(nested=True),
+                 lambda: mlflow.start_run(run_id="0" * 32),
+                 lambda: mlflow.log_metric("x", 1.0, run_id="0" * 32)):
+        try:
+            call()
+        except ConfigurationError as exc:
+            refused.append(str(exc))
+    return refused
+
+
+def autolog_state(enable: bool, flavor: str = "sklearn") -> bool:
+    """Turn on MLflow's autolog if asked; report whether autolog is on for ``flavor`` (its
+    state lives in this process)."""
+    import mlflow
+    import sklearn  # noqa: F401 - mlflow.autolog() turns on the flavors already imported
+    from mlflow.utils.autologging_utils import autologging_is_disabled
+
+    if enable:
+        mlflow.autolog(log_models=False, silent=True)
+    return not autologging_is_disabled(flavor)
+
+
+def keras_autolog_with_callback(epochs: int = 2) -> str | None:
+    """MLflow's Keras autolog and mlflow_hvd's MlflowCallback in the same fit."""
+    import keras
+    import mlflow
+    import numpy as np
+
+    import mlflow_hvd.keras as hvd
+
+    hvd.init()
+    mlflow.tensorflow.autolog(log_models=False, log_datasets=False, silent=True)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse",
+                  jit_compile=False)
+    x = np.random.RandomState(hvd.rank()).rand(32, 4).astype("float32")
+    model.fit(x, x.sum(1, keepdims=True), epochs=epochs, batch_size=8, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvd.callbacks.MetricAverageCallback(), hvd.MlflowCallback()])
+    active = mlflow.active_run()
+    return active.info.run_id if active else None

@@ -11,7 +11,7 @@ from mlflow_hvd.common import scratch
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.rank.context import attempt
 from mlflow_hvd.rank.tracking import api as tracking_api
-from mlflow_hvd.rank.tracking import checkpoints
+from mlflow_hvd.rank.tracking import checkpoints, fluent
 
 
 class MlflowCallback(keras.callbacks.Callback):
@@ -86,10 +86,14 @@ class MlflowCallback(keras.callbacks.Callback):
         if not tracking_api.is_logging_rank():
             return
         metrics = {k: float(v) for k, v in (logs or {}).items()}
+        # with MLflow's autolog on, autolog logs the epoch's metrics (same keys, step =
+        # epoch): logging them here too would put every value in the run twice
+        log_metrics = not fluent.autologging()
         if self.checkpoint:
             # metrics and the resume point in one write: a resume repeats and skips nothing
-            checkpoints.save(self.model, epoch, self._global_step, metrics, log_metrics=True)
-        else:
+            checkpoints.save(self.model, epoch, self._global_step, metrics,
+                             log_metrics=log_metrics)
+        elif log_metrics:
             tracking_api.log_metrics(metrics, step=epoch)
 
 

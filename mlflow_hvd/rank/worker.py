@@ -46,6 +46,7 @@ from mlflow_hvd.protocol.messages import (
 )
 from mlflow_hvd.rank import context, keras_guard
 from mlflow_hvd.rank.tracking import api as tracking_api
+from mlflow_hvd.rank.tracking import fluent
 
 EXIT_USER_ERROR = 1
 EXIT_ORPHANED = 70
@@ -108,12 +109,15 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes) 
         code_sources.restore([main_fn, kwargs], payload.code.code_files, payload.code.code_texts)
         local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
         tracking_api.configure(payload.tracking, rank, local_rank, host)
+        fluent.install(payload.tracking, rank)  # MLflow's own API into the job's run
         try:
             value = main_fn(**kwargs)
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise
             value = None
+        finally:
+            fluent.uninstall()
         if rank == 0:
             _log_horovod_files()
         _finish_tracking(client, strict=True)  # before reporting success: nothing is lost

@@ -87,7 +87,8 @@ def test_four_ranks_on_two_hosts_get_horovodrun_s_layout(cluster: Cluster, clien
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
     out = drive(cluster, """
-        runner = HorovodRunner(np=4)
+        from mlflow_hvd import HorovodOptions
+        runner = HorovodRunner(np=4, horovod=HorovodOptions(timeline=True))
         result = {"ranks": runner.run(workers.layout_everywhere), "run_id": runner.last_run_id}
     """, tmp_path)
     ranks = out["ranks"]
@@ -107,6 +108,12 @@ def test_four_ranks_on_two_hosts_get_horovodrun_s_layout(cluster: Cluster, clien
     run = client.get_run(out["run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow_hvd.spark_master"] == cluster.master_url
+    # rank 0's timeline, written on its node (no shared disk), reached the server
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "horovod")] == [
+        "horovod/timeline.json"]
+    timeline = client.download_artifacts(run.info.run_id, "horovod/timeline.json",
+                                         str(tmp_path))
+    assert any(e.get("name") == "ALLREDUCE" for e in json.loads(Path(timeline).read_text()))
     assert any(app["name"] == "mlflow_hvd" for app in applications(cluster.master_ui))
 
 

@@ -140,3 +140,19 @@ def test_options_and_executor_variables_reach_every_spark_rank_and_the_timeline_
         assert view["HOROVOD_STALL_CHECK_TIME_SECONDS"] == "120"  # spark.executorEnv.*
         assert view["HOROVOD_CACHE_CAPACITY"] == "128"
     _check_timeline(runner.last_run_id or "", tmp_path)
+
+
+@pytest.mark.slow
+def test_the_autotune_log_is_written_on_rank_0s_host_and_logged(
+    store: str, tmp_path: Path,
+) -> None:
+    runner = HorovodRunner(np=-2, horovod=HorovodOptions(autotune=True, autotune_log=True))
+    assert runner.run(workers.allreduce_many, n=300) == 300
+    client = mlflow.MlflowClient()
+    run_id = runner.last_run_id or ""
+    assert [a.path for a in client.list_artifacts(run_id, "horovod")] == [
+        "horovod/autotune_log.csv"]
+    lines = Path(client.download_artifacts(run_id, "horovod/autotune_log.csv", str(tmp_path))
+                 ).read_text().splitlines()
+    assert lines[0].split(",")[:2] == ["hierarchical_allreduce", "hierarchical_allgather"]
+    assert len(lines) >= 2  # at least one sample of the autotuner

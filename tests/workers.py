@@ -658,3 +658,14 @@ def keras_autolog_with_callback(epochs: int = 2) -> str | None:
                          hvd.callbacks.MetricAverageCallback(), hvd.MlflowCallback()])
     active = mlflow.active_run()
     return active.info.run_id if active else None
+
+
+def allreduce_many(n: int = 300) -> int:
+    """Enough small allreduces for Horovod's autotuner to record samples."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    for i in range(n):
+        hvd.allreduce(tf.ones([1000]), name=f"many_{i % 10}")
+    return n

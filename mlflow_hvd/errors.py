@@ -37,6 +37,11 @@ class SparkBarrierUnsupportedError(ConfigurationError):
     """The Spark configuration cannot run a barrier-mode stage."""
 
 
+class InstallError(MlflowHvdError):
+    """Something mlflow_hvd installs into an environment (Horovod, the project itself)
+    could not be built, installed or verified there."""
+
+
 class StartTimeoutError(MlflowHvdError, TimeoutError):
     """Not every rank started before the start deadline."""
 

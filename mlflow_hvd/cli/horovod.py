@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mlflow_hvd.common import compat
-from mlflow_hvd.errors import MlflowHvdError, UnsupportedVersionError
+from mlflow_hvd.errors import InstallError, MlflowHvdError, UnsupportedVersionError
 
 VERSION = compat.HOROVOD.low
 # sha256 of horovod-0.28.1.tar.gz on PyPI: what is compiled is what was reviewed
@@ -49,10 +49,6 @@ TOOLS = ("cmake", "g++", "make")
 MARKER = ".mlflow_hvd-horovod.json"  # in sys.prefix
 BUILD_TIMEOUT = 3600.0
 CHECK_TIMEOUT = 300.0
-
-
-class HorovodBuildError(MlflowHvdError):
-    """Horovod could not be built, installed or verified here."""
 
 
 @dataclass(frozen=True)
@@ -123,9 +119,9 @@ def _pip(*args: str, env: dict[str, str] | None = None, timeout: float) -> None:
     try:
         done = subprocess.run(cmd, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise HorovodBuildError(f"`{' '.join(cmd)}` did not finish within {timeout:.0f}s") from None
+        raise InstallError(f"`{' '.join(cmd)}` did not finish within {timeout:.0f}s") from None
     if done.returncode != 0:
-        raise HorovodBuildError(f"`{' '.join(cmd)}` failed with exit code {done.returncode} "
+        raise InstallError(f"`{' '.join(cmd)}` failed with exit code {done.returncode} "
                                 "(its output is above)")
 
 
@@ -134,7 +130,7 @@ def build_wheel(t: Target, dest: Path) -> Path:
     directory)."""
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
-        raise HorovodBuildError(
+        raise InstallError(
             f"{', '.join(missing)} not found: Horovod compiles from source "
             "(on Debian/Ubuntu: apt-get install -y cmake g++ make)"
         )
@@ -158,7 +154,7 @@ def build_wheel(t: Target, dest: Path) -> Path:
 def wheel_in(directory: Path) -> Path:
     wheels = sorted(directory.glob("horovod-*.whl"))
     if not wheels:
-        raise HorovodBuildError(f"no Horovod wheel in {directory}")
+        raise InstallError(f"no Horovod wheel in {directory}")
     return wheels[-1]
 
 
@@ -171,14 +167,14 @@ def verify(timeout: float = CHECK_TIMEOUT) -> str:
         done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                               timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise HorovodBuildError(f"importing horovod.tensorflow took over {timeout:.0f}s") from None
+        raise InstallError(f"importing horovod.tensorflow took over {timeout:.0f}s") from None
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise HorovodBuildError(f"horovod.tensorflow does not load here:\n{tail}\n"
+        raise InstallError(f"horovod.tensorflow does not load here:\n{tail}\n"
                                 f"Rebuild it: {compat.HOROVOD_COMMAND} --rebuild")
     hv, tf, gloo, _mpi = done.stdout.split()[-4:]
     if gloo != "True":
-        raise HorovodBuildError(f"Horovod {hv} here was built without Gloo, which the runner "
+        raise InstallError(f"Horovod {hv} here was built without Gloo, which the runner "
                                 f"needs. Rebuild it: {compat.HOROVOD_COMMAND} --rebuild")
     return f"Horovod {hv} with Gloo and TensorFlow {tf}"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mlflow_hvd.cli import horovod
 from mlflow_hvd.common import compat
-from mlflow_hvd.errors import MlflowHvdError
+from mlflow_hvd.errors import InstallError, MlflowHvdError
 
 PROJECT = Path(__file__).resolve().parents[2]  # the directory holding mlflow_hvd/
 
@@ -61,7 +61,7 @@ def install_project(project: Path) -> None:
            "--no-deps", "-e", str(project)]
     done = subprocess.run(cmd, timeout=600, check=False)
     if done.returncode != 0:
-        raise horovod.HorovodBuildError(f"`{' '.join(cmd)}` failed (exit {done.returncode})")
+        raise InstallError(f"`{' '.join(cmd)}` failed (exit {done.returncode})")
 
 
 def main(argv: list[str] | None = None) -> int:

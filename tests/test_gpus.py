@@ -51,16 +51,18 @@ spark = (SparkSession.builder.master("local-cluster[2,2,1024]")
          .config("spark.ui.enabled", "false")
          .config("spark.pyspark.python", sys.executable)
          .config("spark.driver.defaultJavaOptions", jvm.driver_java_options())
-         .config("spark.worker.resource.gpu.amount", "1")
-         .config("spark.worker.resource.gpu.discoveryScript", {script!r})
-         .config("spark.executor.resource.gpu.amount", "1")
-         .config("spark.task.resource.gpu.amount", "1")
+         .config("spark.worker.resource.acc.amount", "1")
+         .config("spark.worker.resource.acc.discoveryScript", {script!r})
+         .config("spark.executor.resource.acc.amount", "1")
+         .config("spark.task.resource.acc.amount", "1")
          .getOrCreate())
 try:
-    HorovodRunner(np=3, spark=spark, track=False, slot_timeout=5).run(workers.gpu_view, out_dir=".")
+    HorovodRunner(np=3, spark=spark, track=False, slot_timeout=5,
+                  gpu_resource="acc").run(workers.gpu_view, out_dir=".")
 except InsufficientSlotsError as exc:
     print("REFUSED", exc)
-HorovodRunner(np=2, spark=spark, track=False).run(workers.gpu_view, out_dir={out!r})
+HorovodRunner(np=2, spark=spark, track=False, gpu_resource="acc").run(workers.gpu_view,
+                                                                      out_dir={out!r})
 spark.stop()
 """
 
@@ -69,6 +71,8 @@ spark.stop()
 def test_spark_gpu_scheduling_reaches_the_ranks_and_too_few_gpus_are_named(
     tmp_path: Path,
 ) -> None:
+    """On local-cluster, with the GPUs under another resource name (``gpu_resource``); the
+    namespace cluster test uses the default name."""
     claims, out = tmp_path / "claims", tmp_path / "out"
     claims.mkdir()
     out.mkdir()
@@ -78,7 +82,7 @@ def test_spark_gpu_scheduling_reaches_the_ranks_and_too_few_gpus_are_named(
         #!/bin/sh
         for a in 3 7; do
           if mkdir {claims}/$a 2>/dev/null; then
-            echo '{{"name": "gpu", "addresses": ["'$a'"]}}'; exit 0
+            echo '{{"name": "acc", "addresses": ["'$a'"]}}'; exit 0
           fi
         done
         exit 1
@@ -91,8 +95,8 @@ def test_spark_gpu_scheduling_reaches_the_ranks_and_too_few_gpus_are_named(
     assert proc.returncode == 0, proc.stderr[-3000:]
     (refusal,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("REFUSED ")]
     assert "np=3 needs 3 concurrent barrier task slots" in refusal
-    assert ("Each task also needs 1 gpu (spark.task.resource.gpu.amount; executors have "
-            "spark.executor.resource.gpu.amount=1)") in refusal
+    assert ("Each task also needs 1 acc (spark.task.resource.acc.amount; executors have "
+            "spark.executor.resource.acc.amount=1)") in refusal
     views = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     owns = sorted(v["MLFLOW_HVD_TASK_DEVICES"] for v in views)
     assert owns == ["3", "7"]  # each rank's task got its own GPU
@@ -101,3 +105,12 @@ def test_spark_gpu_scheduling_reaches_the_ranks_and_too_few_gpus_are_named(
         assert sorted(visible) == ["3", "7"]
         assert visible[int(view["HOROVOD_LOCAL_RANK"])] == view["MLFLOW_HVD_TASK_DEVICES"]
 
+
+
+@pytest.mark.parametrize("name", ["", "gpu amount", 3])
+def test_a_resource_name_spark_could_not_have_is_refused(name: object) -> None:
+    from mlflow_hvd import ConfigurationError, HorovodRunner
+
+    with pytest.raises(ConfigurationError, match=r"^gpu_resource must be the name of a Spark "
+                       r"resource \(as in spark.task.resource.<name>.amount\), got "):
+        HorovodRunner(np=2, gpu_resource=name)  # type: ignore[arg-type]

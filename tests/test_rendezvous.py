@@ -72,3 +72,18 @@ def test_stop_returns_promptly_and_closes_the_port() -> None:
     assert time.monotonic() - t0 < 1
     with pytest.raises(ConnectionRefusedError):
         _call(port, "GET", "/global/0")
+
+
+def test_a_channel_that_cannot_listen_leaves_no_rendezvous_server_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mlflow_hvd.driver import job
+    from mlflow_hvd.driver.supervisor import DriverSettings
+
+    def cannot_listen(*args: object, **kwargs: object) -> None:
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr(job, "ChannelServer", cannot_listen)
+    with pytest.raises(OSError, match="Address already in use"):
+        job.run_job(2, b"", object(), DriverSettings(), "127.0.0.1", "test")  # type: ignore[arg-type]
+    assert not [t for t in threading.enumerate() if t.name == "mlflow-hvd-rendezvous"]

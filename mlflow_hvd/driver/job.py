@@ -60,7 +60,12 @@ def run_job(
     rendezvous = Rendezvous(abs(np))
     on_message = message_router(events, rendezvous, on_undelivered)
     secret = secrets.token_bytes(32)
-    channel = open_channel(secret, on_message, driver_host, request_router(on_tracking_write))
+    try:
+        channel = open_channel(secret, on_message, driver_host,
+                               request_router(on_tracking_write))
+    except BaseException:  # no channel, no job: the rendezvous server must not outlive it
+        rendezvous.stop()
+        raise
     try:
         job = JobSpec(
             np=np,

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from mlflow_hvd.common import compat
 from mlflow_hvd.errors import IncompatibleImportError, UnsupportedVersionError
+from mlflow_hvd.rank.after_import import spec_then
 
 REFUSED = ("horovod.tensorflow.keras", "horovod.keras")
 
@@ -69,21 +70,12 @@ def gloo_message(where: str) -> str:
     )
 
 
-class _CheckGloo(importlib.abc.Loader):
-    """Loads ``horovod.tensorflow`` with its own loader, then refuses it if its library was
-    built without Gloo (a call into the loaded library: nothing else is imported)."""
-
-    def __init__(self, inner: importlib.abc.Loader) -> None:
-        self.inner = inner
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self.inner.exec_module(module)
-        built = getattr(module, "gloo_built", None)
-        if callable(built) and not built():
-            raise IncompatibleImportError(gloo_message(os.path.dirname(module.__file__ or "?")))
+def _check_gloo(module: types.ModuleType) -> None:
+    """Refuse a loaded ``horovod.tensorflow`` whose library was built without Gloo (a call
+    into the loaded library: nothing else is imported)."""
+    built = getattr(module, "gloo_built", None)
+    if callable(built) and not built():
+        raise IncompatibleImportError(gloo_message(os.path.dirname(module.__file__ or "?")))
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
@@ -104,10 +96,7 @@ class _Refuse(importlib.abc.MetaPathFinder):
                 raise IncompatibleImportError(str(exc)) from None
         if fullname == "horovod.tensorflow" and not self.horovod_checked:
             self.horovod_checked = True
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _CheckGloo(spec.loader)
-                return spec
+            return spec_then(fullname, path, _check_gloo)
         return None
 
 

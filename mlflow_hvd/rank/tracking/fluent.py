@@ -40,6 +40,7 @@ from typing import Any
 
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.messages import TrackingTarget
+from mlflow_hvd.rank.after_import import spec_then
 from mlflow_hvd.rank.tracking import api
 
 WRITES = ("log_metric", "log_metrics", "log_param", "log_params", "set_tag", "set_tags",
@@ -117,23 +118,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
                   target: object = None) -> importlib.machinery.ModuleSpec | None:
         if _JOB is None or fullname not in ("mlflow", *FLAVORS):
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _Then(spec.loader, fullname)
-        return spec
-
-
-class _Then(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, name: str) -> None:
-        self.inner, self.name = inner, name
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self.inner.exec_module(module)
-        _patch(self.name, module)
+        return spec_then(fullname, path, lambda module: _patch(fullname, module))
 
 
 def _set(job: _Job, module: types.ModuleType, name: str, value: Any) -> None:

@@ -332,3 +332,72 @@ def test_an_outcome_with_neither_value_nor_error_is_refused() -> None:
         Outcome(error=StartTimeoutError("late")).unwrap()
     with pytest.raises(BackendError, match="^the job ended with neither a value nor an error$"):
         Outcome().unwrap()
+
+
+def test_run_returns_only_when_every_admitted_task_is_gone_and_late_tasks_start_nothing() -> None:
+    """Spark tasks, played over the real channel: task 1's rank fails while task 0's worker
+    has not said hello yet (its task's connection, which the worker shares, stays open a
+    while after the stop, as a cancelled Spark task does) and task 2 reports only once the
+    job is being stopped: it is told to start no worker, and run() waits for task 0."""
+    from mlflow_hvd.protocol.channel import ChannelClient
+    from mlflow_hvd.protocol.messages import Launch, Retire
+
+    answers: dict[int, object] = {}
+    closed_at: list[float] = []
+
+    def connect() -> ChannelClient:
+        assert backend.job is not None
+        return ChannelClient(backend.job.driver_host, backend.job.channel_port,
+                             backend.job.secret, 10)
+
+    def script(sink: Sink, stop: threading.Event) -> None:
+        slots = assign_slots(["h"] * 3)
+        task0, task1 = connect(), connect()
+        answers[0] = task0.request(LayoutReport(0, slots), 10)
+        answers[1] = task1.request(LayoutReport(1, slots), 10)
+        worker1 = connect()  # a worker has a connection of its own
+        worker1.send(WorkerStarted(1, "h"))
+        worker1.send(WorkerError(1, "h", "ValueError: boom", "tb", time.time()))
+        worker1.close()
+        task1.send(WorkerExited(1, "h", 1, time.time()))
+        task1.close()
+        if not stop.wait(10):
+            raise AssertionError("the driver never stopped the backend")
+        late = connect()
+        answers[2] = late.request(LayoutReport(2, slots), 10)
+        late.close()
+        sink(BackendFinished(error="job cancelled"))  # Spark's collect() returns at once
+        time.sleep(1.0)  # ... while task 0 and its worker are still going down
+        closed_at.append(time.monotonic())
+        task0.close()
+
+    class Backend(FakeBackend):
+        def close(self) -> None:  # the driver is done with the job (then waits for us)
+            ended_at.append(time.monotonic())
+            super().close()
+
+    ended_at: list[float] = []
+    backend = Backend(script)
+    with pytest.raises(WorkerFailedError) as info:
+        run_job(3, b"", backend, DriverSettings(stop_grace=5, report_grace=5), "127.0.0.1",
+                "test", io.StringIO())
+    if backend.error is not None:
+        raise backend.error
+    assert answers == {0: Launch(), 1: Launch(), 2: Retire()}
+    assert closed_at and ended_at[0] >= closed_at[0]  # not before task 0 was gone
+    assert ended_at[0] - closed_at[0] < 2.0  # ... and not the whole wind-down after it
+    assert info.value.rank == 1
+
+
+def test_task_gate_counts_admitted_tasks_until_they_leave() -> None:
+    from mlflow_hvd.driver.tasks import TaskGate
+
+    gate = TaskGate()
+    assert gate.admit(1) and gate.admit(0)
+    gate.left(1)
+    assert gate.remaining() == [0]
+    gate.close()
+    assert not gate.admit(2)  # refused, and not counted
+    assert gate.remaining() == [0]
+    gate.left(0)
+    assert gate.remaining() == []

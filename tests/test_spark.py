@@ -75,6 +75,9 @@ def test_no_rank_outlives_run_after_a_failure_on_spark(spark: Any) -> None:
         with pytest.raises(WorkerFailedError):
             HorovodRunner(np=2, spark=spark, stop_grace=2).run(workers.raise_on_rank_1)
         assert worker_processes() == []
+    # nor does one start later: a task that reports after the failure starts no worker
+    time.sleep(3)
+    assert worker_processes() == []
 
 
 def test_sigkill_on_rank_1_in_a_barrier_task(spark: Any) -> None:

@@ -39,6 +39,7 @@ class WorkerLaunch:
     cwd: str | None = None
     max_line_bytes: int = 16384
     stop_grace: float = 5.0
+    pass_fds: tuple[int, ...] = ()  # descriptors the worker inherits (and never uses)
 
 
 def run_worker(launch: WorkerLaunch, sink: Sink, stop: threading.Event) -> WorkerExited:
@@ -57,6 +58,7 @@ def run_worker(launch: WorkerLaunch, sink: Sink, stop: threading.Event) -> Worke
         env=dict(launch.env),
         cwd=launch.cwd,
         start_new_session=True,
+        pass_fds=launch.pass_fds,
     )
     lines: queue.Queue[object] = queue.Queue()
     threads = _start_output_threads(proc, launch, lines, sink)

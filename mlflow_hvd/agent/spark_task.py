@@ -9,6 +9,7 @@ retry the barrier stage: the driver decides and cancels the job.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -23,9 +24,11 @@ from mlflow_hvd.common.layout import Devices, assign_slots, visible_devices
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.channel import ChannelClient
 from mlflow_hvd.protocol.job import JobSpec
-from mlflow_hvd.protocol.messages import LayoutReport, RankSlot
+from mlflow_hvd.protocol.messages import Launch, LayoutReport, RankSlot
 
 log = logging.getLogger(__name__)
+
+EXIT_NOT_LAUNCHED = 75  # the task's result when the driver let it start no worker
 
 
 def iface_towards(address: str) -> str:
@@ -82,26 +85,41 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
         devices = _devices(ctx, job.gpu_resource, slots, partition)
         client = ChannelClient(job.driver_host, job.channel_port, job.secret, job.channel_timeout)
         try:
-            client.send(LayoutReport(partition, slots))
-            iface = job.gloo_iface or iface_towards(job.driver_host)
-            with staged_payload(job.payload, kind="task") as payload_path:
-                launch = worker_launch(
-                    job,
-                    slots[partition],
-                    payload_path,
-                    driver_host=job.driver_host,
-                    iface=iface,
-                    cwd=None,
-                    host_name=socket.gethostname(),
-                    devices=devices,
-                )
-                log.info("job %s: task %d starts rank %d on %s", job.job_id, partition,
-                         launch.rank, launch.host)
-                exited = run_worker(launch, client.send, threading.Event())
-                log.info("job %s: rank %d on %s exited with %d", job.job_id, launch.rank,
-                         launch.host, exited.exit_code)
+            answer = client.request(LayoutReport(partition, slots), job.channel_timeout)
+            if isinstance(answer, Launch):
+                code = _run_rank(job, client, slots, partition, devices)
+            else:  # the job failed before this task reported
+                log.info("job %s: task %d starts no worker: the job is being stopped",
+                         job.job_id, partition)
+                code = EXIT_NOT_LAUNCHED
         finally:
             client.close()
-        yield exited.exit_code
+        yield code
 
     return run_task
+
+
+def _run_rank(job: JobSpec, client: ChannelClient, slots: Sequence[RankSlot], partition: int,
+              devices: Devices | None) -> int:
+    """Start the worker of this task's rank, stream it to the driver, return its exit code."""
+    iface = job.gloo_iface or iface_towards(job.driver_host)
+    with staged_payload(job.payload, kind="task") as payload_path:
+        launch = worker_launch(
+            job,
+            slots[partition],
+            payload_path,
+            driver_host=job.driver_host,
+            iface=iface,
+            cwd=None,
+            host_name=socket.gethostname(),
+            devices=devices,
+        )
+        # the worker holds a copy of this task's connection: the driver sees it
+        # close only once the task and its worker are both gone
+        launch = dataclasses.replace(launch, pass_fds=(client.fileno(),))
+        log.info("job %s: task %d starts rank %d on %s", job.job_id, partition,
+                 launch.rank, launch.host)
+        exited = run_worker(launch, client.send, threading.Event())
+        log.info("job %s: rank %d on %s exited with %d", job.job_id, launch.rank,
+                 launch.host, exited.exit_code)
+    return exited.exit_code

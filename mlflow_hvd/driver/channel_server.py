@@ -31,7 +31,14 @@ from mlflow_hvd.protocol.channel import (
     recv_exact,
     sign,
 )
-from mlflow_hvd.protocol.messages import RankDisconnected, Request, Retire, WorkerStarted
+from mlflow_hvd.protocol.messages import (
+    LayoutReport,
+    RankDisconnected,
+    Request,
+    Retire,
+    TaskDisconnected,
+    WorkerStarted,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +82,8 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def handle(self) -> None:
         sock: socket.socket = self.request
-        rank: int | None = None
+        rank: int | None = None  # this connection is a rank's own process
+        partition: int | None = None  # ... or the Spark task of this partition
         self.server.track(sock, True)
         try:
             try:
@@ -98,8 +106,11 @@ class _Handler(socketserver.BaseRequestHandler):
                 except OSError:
                     return
                 self.server.count(connection=False)
-                if rank is None and isinstance(message, WorkerStarted):
-                    rank = message.rank  # this connection is the rank's own process
+                if rank is None and partition is None:
+                    if isinstance(message, WorkerStarted):
+                        rank = message.rank
+                    elif isinstance(message, LayoutReport):
+                        partition = message.partition
                 if isinstance(message, Request):
                     answer = ACK_REPLY + encode_frame(self.server.secret, self._answer(message))
                 else:
@@ -114,11 +125,16 @@ class _Handler(socketserver.BaseRequestHandler):
                     return
         finally:
             self.server.track(sock, False)
-            if rank is not None:  # the process is gone (or closed its channel)
+            gone: object = None  # the process is gone (or closed its channel)
+            if rank is not None:
+                gone = RankDisconnected(rank)
+            elif partition is not None:
+                gone = TaskDisconnected(partition)
+            if gone is not None:
                 try:
-                    self.server.on_message(RankDisconnected(rank))
+                    self.server.on_message(gone)
                 except Exception:  # the driver's handler must not kill this thread
-                    log.exception("driver failed to handle the disconnection of rank %d", rank)
+                    log.exception("driver failed to handle %r", gone)
 
     def _answer(self, request: Request) -> object:
         """The driver's answer to ``request`` (may wait as long as the driver decides);

@@ -17,9 +17,12 @@ from mlflow_hvd.driver.channel_server import ChannelServer, ChannelStats
 from mlflow_hvd.driver.limits import ensure_open_files
 from mlflow_hvd.driver.rendezvous import Rendezvous, RendezvousStats
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
+from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.protocol.messages import (
+    Launch,
     LayoutReport,
     Retire,
+    TaskDisconnected,
     TrackingWrite,
     UndeliveredTracking,
 )
@@ -58,11 +61,12 @@ def run_job(
     job_id = job_id or new_job_id()
     ensure_open_files(np)
     rendezvous = Rendezvous(abs(np))
-    on_message = message_router(events, rendezvous, on_undelivered)
+    tasks = TaskGate()
+    on_message = message_router(events, rendezvous, on_undelivered, tasks)
     secret = secrets.token_bytes(32)
     try:
-        channel = open_channel(secret, on_message, driver_host,
-                               request_router(on_tracking_write))
+        channel = open_channel(secret, on_message, driver_host, request_router(
+            on_tracking_write, on_layout=layout_answer(tasks, rendezvous, events)))
     except BaseException:  # no channel, no job: the rendezvous server must not outlive it
         rendezvous.stop()
         raise
@@ -89,12 +93,13 @@ def run_job(
         finished = False
         try:
             backend.start(job, on_message)
-            record = JobRecord(np, job.job_id)
+            record = JobRecord(np, job.job_id, tasks=tasks)
             value = supervise(record, events, backend, settings, out or sys.stdout)
             finished = True
             return value
         finally:
             if not finished:  # failure, deadline or Ctrl-C: stop now, don't wait
+                tasks.close()
                 backend.stop()
             backend.close()
     finally:
@@ -131,15 +136,21 @@ def message_router(
     events: queue.Queue[object],
     rendezvous: Rendezvous,
     on_undelivered: Callable[[UndeliveredTracking], None] | None,
+    tasks: TaskGate | None = None,
 ) -> Callable[[object], None]:
-    """Where each incoming message goes: a layout to the rendezvous (a mismatch, and
-    everything else but undelivered tracking, to the driver loop's queue)."""
+    """Where each incoming message goes: a layout the local backend sinks to the
+    rendezvous (a mismatch, and everything else but undelivered tracking, to the driver
+    loop's queue); a Spark task's departure also to ``tasks``."""
 
     def on_message(message: object) -> None:
         if isinstance(message, LayoutReport):
             mismatch = rendezvous.on_layout(message)
             if mismatch is not None:
                 events.put(mismatch)
+        elif isinstance(message, TaskDisconnected):
+            if tasks is not None:
+                tasks.left(message.partition)
+            events.put(message)  # wakes the driver loop
         elif isinstance(message, UndeliveredTracking):
             if on_undelivered is not None:
                 on_undelivered(message)
@@ -152,17 +163,40 @@ def message_router(
 def request_router(
     on_tracking_write: TrackingWriter | None,
     on_other: Callable[[object], object] | None = None,
+    on_layout: Callable[[LayoutReport], object] | None = None,
 ) -> Callable[[object], object]:
-    """Who answers each request: rank 0's tracking writes go to ``on_tracking_write``,
-    others to ``on_other``; ``Retire`` when nobody handles it (rank 0 then reports its
-    records refused)."""
+    """Who answers each request: rank 0's tracking writes go to ``on_tracking_write``, a
+    Spark task's layout to ``on_layout``, others to ``on_other``; ``Retire`` when nobody
+    handles it (rank 0 then reports its records refused; a task starts no worker)."""
 
     def on_request(request: object) -> object:
         if isinstance(request, TrackingWrite):
             return on_tracking_write(request) if on_tracking_write is not None else Retire()
+        if isinstance(request, LayoutReport):
+            return on_layout(request) if on_layout is not None else Retire()
         return on_other(request) if on_other is not None else Retire()
 
     return on_request
+
+
+def layout_answer(
+    tasks: TaskGate, rendezvous: Rendezvous, events: queue.Queue[object]
+) -> Callable[[LayoutReport], object]:
+    """The answer to a Spark task's layout: :class:`Launch` once the task is counted and
+    the rendezvous initialised (a mismatch goes to the driver loop), :class:`Retire` when
+    the job is already being stopped."""
+
+    def answer(report: LayoutReport) -> object:
+        if not tasks.admit(report.partition):
+            log.info("task %d reported after the job began stopping: it starts no worker",
+                     report.partition)
+            return Retire()
+        mismatch = rendezvous.on_layout(report)
+        if mismatch is not None:
+            events.put(mismatch)
+        return Launch()
+
+    return answer
 
 
 def new_job_id() -> str:

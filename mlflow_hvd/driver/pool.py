@@ -29,6 +29,7 @@ from mlflow_hvd.common import logs
 from mlflow_hvd.common.deadline import Deadline
 from mlflow_hvd.driver.job import (
     TrackingWriter,
+    layout_answer,
     log_load,
     message_router,
     new_job_id,
@@ -38,6 +39,7 @@ from mlflow_hvd.driver.job import (
 from mlflow_hvd.driver.limits import ensure_open_files
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
+from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import BackendError, JobNotStartedError, WorkerFailedError
 from mlflow_hvd.protocol.messages import (
     AwaitJob,
@@ -92,9 +94,11 @@ class _Generation:
         self._payload = b""
         self.number = 0  # set by the pool: 1 for its first generation
         self.on_tracking_write: TrackingWriter | None = None  # the current job's
-        route = message_router(self.events, self.rendezvous, on_undelivered)
+        self.tasks = TaskGate()  # the generation's Spark tasks
+        route = message_router(self.events, self.rendezvous, on_undelivered, self.tasks)
         self.secret = secrets.token_bytes(32)
-        answer = request_router(lambda request: self._write(request), self._on_request)
+        answer = request_router(lambda request: self._write(request), self._on_request,
+                                layout_answer(self.tasks, self.rendezvous, self.events))
         try:
             self.channel = open_channel(self.secret, route, driver_host, answer)
             self.port = self.channel.start()
@@ -213,6 +217,7 @@ class _Generation:
                  "retiring" if retire else "stopping")
         try:
             if not retire or not self.backend.wait(RETIRE_WAIT):
+                self.tasks.close()
                 self.backend.stop()
             self.backend.close()
         finally:
@@ -291,7 +296,8 @@ class RankPool:
             if self._live is None:
                 self._start_generation(payload, job_id, description, settings, on_undelivered,
                                        on_tracking_write)
-            record = JobRecord(self.np, job_id)
+            assert self._live is not None
+            record = JobRecord(self.np, job_id, tasks=self._live.tasks)
             try:
                 value = self._supervise(record, settings, out)
             except WorkerFailedError as exc:

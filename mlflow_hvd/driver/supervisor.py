@@ -19,6 +19,7 @@ from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.driver.rendezvous import LayoutMismatch
+from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import (
     BackendError,
     MlflowHvdError,
@@ -115,6 +116,7 @@ class JobRecord:
     backend_finished: BackendFinished | None = None
     backend_finished_at: float | None = None
     fault: str = ""  # a failure of the job's machinery (e.g. a layout mismatch)
+    tasks: TaskGate = field(default_factory=TaskGate)  # Spark tasks that may host a worker
     tails: dict[int, collections.deque[str]] = field(
         default_factory=lambda: collections.defaultdict(
             lambda: collections.deque(maxlen=TAIL_LINES)
@@ -133,6 +135,7 @@ class JobRecord:
         """FAILING -> STOPPING: ask the backend to stop every rank (the only way into
         STOPPING, so a rank is never labelled stopped unless the stop was sent)."""
         if self.state is JobState.FAILING:
+            self.tasks.close()
             backend.stop()
             self.state = JobState.STOPPING
             log.info("job %s: failing -> stopping: the %s backend stops every rank (%d of %d "
@@ -149,9 +152,10 @@ class JobRecord:
         return len(self.exited) >= self.np
 
     def all_gone(self) -> bool:
-        """Every rank that started has closed its connection: its process is gone (a
-        cancelled Spark task can end before the worker it hosts)."""
-        return set(self.started) <= self.disconnected
+        """Every rank that started has closed its connection, and so has every Spark task
+        let start a worker: no process of the job is left (a cancelled Spark task can end
+        before the worker it hosts, or start one after the job failed)."""
+        return set(self.started) <= self.disconnected and not self.tasks.remaining()
 
     def rank_failed(self) -> bool:
         return bool(self.errors) or any(

@@ -227,6 +227,12 @@ class ChannelClient:
             "driver host (spark.driver.host) and that no firewall blocks the port."
         ) from cause
 
+    def fileno(self) -> int:
+        """The connection's file descriptor: a child process given a copy keeps the
+        connection open until it too is gone (how the driver learns a Spark task's worker
+        ended even when the task was killed first)."""
+        return self._sock.fileno()
+
     def another(self) -> ChannelClient:
         """A new connection to the same driver, with the same secret and timeout.
 

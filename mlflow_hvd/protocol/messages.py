@@ -107,16 +107,39 @@ class RankSlot:
     cross_size: int
 
 
+class Request:
+    """Base of the messages the driver answers with a message of its own (not just an
+    ack); the sender waits for that answer."""
+
+
 @dataclass(frozen=True)
-class LayoutReport:
-    """A Spark task reports the layout it computed from the barrier's task addresses.
+class LayoutReport(Request):
+    """A Spark task reports the layout it computed from the barrier's task addresses, and
+    asks whether to start its rank's worker.
 
     The driver initialises the rendezvous server with the first report (before any rank
-    starts, because the task waits for the acknowledgement) and checks the others agree.
+    starts, because the task waits for the answer) and checks the others agree. It answers
+    :class:`Launch`, or :class:`Retire` once the job is being stopped: a task the driver
+    has not counted never starts a worker. (The local backend sinks the report directly;
+    nobody answers it there.)
     """
 
     partition: int
     slots: tuple[RankSlot, ...]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Driver -> Spark task: start the worker. The task's connection then stays open
+    until the task and its worker are both gone (the worker holds a copy of it)."""
+
+
+@dataclass(frozen=True)
+class TaskDisconnected:
+    """Driver-internal: the connection of the Spark task that reported ``partition``'s
+    layout closed, so neither the task nor its worker is left. The channel emits it."""
+
+    partition: int
 
 
 @dataclass(frozen=True)
@@ -186,11 +209,6 @@ class UndeliveredTracking:
     records: tuple[Record, ...]
     files: tuple[tuple[str, bytes], ...]
     reason: str
-
-
-class Request:
-    """Base of the messages the driver answers with a message of its own (not just an
-    ack); the sender waits for that answer."""
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,14 @@ test-old-end:
 
 # Re-resolve requirements/lock-py3.11.txt from pyproject.toml under requirements/pins.txt,
 # keeping the versions already locked where they still fit (UPGRADE=1: take the newest).
+# PyTorch's CPU build is not on PyPI: FIND_LINKS says where it lies (a directory of wheels,
+# or PyTorch's CPU index page https://download.pytorch.org/whl/cpu/torch/).
+FIND_LINKS ?= /opt/wheels
 lock: setup
-	$(VENV)/bin/uv pip compile pyproject.toml --extra tensorflow-cpu --extra dev \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra tensorflow-cpu --extra torch --extra dev \
 	  -c requirements/pins.txt --generate-hashes --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --no-header $(if $(UPGRADE),--upgrade) \
-	  -o requirements/lock-py3.11.txt
+	  --find-links $(FIND_LINKS) -o requirements/lock-py3.11.txt
 	$(VENV)/bin/uv pip compile pyproject.toml requirements/old-end.in --extra tensorflow-cpu \
 	  --generate-hashes --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
 	  --no-header $(if $(UPGRADE),--upgrade) -o requirements/lock-old-end-py3.12.txt

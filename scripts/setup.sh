@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (when missing) and installs the tested environment: requirements/lock-py3.11.txt
-# (hash-checked), this project (editable), and a Horovod 0.28.1 wheel built from source with
-# Gloo + TensorFlow and cached outside the repo.
+# (hash-checked; PyTorch's CPU build among them, found where pip finds links), this project
+# (editable), and a Horovod 0.28.1 wheel built from source with Gloo + TensorFlow + PyTorch and
+# cached outside the repo.
 # Idempotent: a second run with nothing changed finishes in seconds.
 set -euo pipefail
 
@@ -49,8 +50,9 @@ fi
 # the exact tested set, every transitive version and its hashes (refresh: `make lock`)
 "$PY" -m pip install --quiet --require-hashes -r "$ROOT/requirements/lock-py3.11.txt"
 "$PY" -m pip install --quiet --no-deps -e "$ROOT"
-# Horovod: built from its hash-checked sdist against the TensorFlow above, once per
-# Horovod/TensorFlow/Python/CPU, and cached under $CACHE_ROOT/wheels (mlflow_hvd/cli/horovod.py)
+# Horovod: built from its hash-checked sdist against the TensorFlow and PyTorch above, once
+# per Horovod/TensorFlow/PyTorch/Python/CPU, and cached under $CACHE_ROOT/wheels
+# (mlflow_hvd/cli/horovod.py)
 MLFLOW_HVD_CACHE="$CACHE_ROOT" "$PY" -m mlflow_hvd.cli.horovod
 echo "$KEY" > "$STAMP"
 jvm_archive

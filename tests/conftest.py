@@ -130,12 +130,14 @@ def store(tmp_path: Path) -> Iterator[str]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    lines = _TF_LOG.read_text().splitlines() if _TF_LOG.exists() else []
-    ranks = sum("rank/worker.py" in line or "rank.worker" in line for line in lines)
-    terminalreporter.write_line(
-        f"TensorFlow was imported by {len(lines)} processes of this session ({ranks} of them "
-        f"rank workers); list: {_TF_LOG}"
-    )
+    every = _TF_LOG.read_text().splitlines() if _TF_LOG.exists() else []
+    for name, lines in (("TensorFlow", [ln for ln in every if not ln.startswith("torch ")]),
+                        ("PyTorch", [ln for ln in every if ln.startswith("torch ")])):
+        ranks = sum("rank/worker.py" in line or "rank.worker" in line for line in lines)
+        terminalreporter.write_line(
+            f"{name} was imported by {len(lines)} processes of this session ({ranks} of them "
+            f"rank workers); list: {_TF_LOG}"
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

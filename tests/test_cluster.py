@@ -317,6 +317,27 @@ def test_a_rank_killed_on_node_b_and_the_run_resumed(cluster: Cluster, client: A
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1, 2, 3]
 
 
+def test_horovod_torch_ranks_on_two_hosts_train_as_one_and_log_through_the_server(
+    cluster: Cluster, client: Any, tmp_path: Path
+) -> None:
+    out = drive(cluster, f"""
+        sys.path.insert(0, {str(REPO / 'examples')!r})
+        import digits_torch
+        runner = HorovodRunner(np=4)
+        trained = runner.run(digits_torch.train, epochs=1)
+        result = {{"checksums": trained["checksums"], "run_id": runner.last_run_id}}
+    """, tmp_path)
+    assert len(out["checksums"]) == 4 and len(set(out["checksums"])) == 1, out
+    run = client.get_run(out["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["hvd_size"] == "4"
+    # rank 0's checkpoint and model, written on its node, reached the server
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/epoch_0")} == {
+        "checkpoints/epoch_0/checkpoint.pt", "checkpoints/epoch_0/checkpoint_metrics.json"}
+    (model_out,) = run.outputs.model_outputs
+    assert client.get_logged_model(model_out.model_id).status == "READY"
+
+
 def test_a_two_trial_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "-e", "sweep", "--env-manager",
            "local", "-P", "max_evals=2", "-P", "np=4", "-P", "epochs=1"]

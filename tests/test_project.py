@@ -121,6 +121,29 @@ def test_mlflow_run_of_the_sweep_entry_point_on_local_ranks(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+def test_mlflow_run_of_the_pytorch_example_on_two_spark_ranks(tmp_path: Path) -> None:
+    """`mlflow run . -P np=2 -P train=examples/digits_torch.py:train`: horovod.torch ranks,
+    per-epoch metrics, checkpoints and a PyTorch model in the run."""
+    uri = f"sqlite:///{tmp_path}/torch.db"
+    proc = _mlflow_run(REPO, tmp_path, uri, "np=2", "epochs=2",
+                       "train=examples/digits_torch.py:train")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "test accuracy" in proc.stdout
+    run = _only_run(uri)
+    client = mlflow.MlflowClient()
+    assert run.info.status == "FINISHED"
+    assert run.data.params["framework"] == "pytorch" and run.data.params["np"] == "2"
+    for key in ("loss", "val_loss", "val_accuracy"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0, 1]
+    ckpts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
+    assert ckpts == ["checkpoints/epoch_0", "checkpoints/epoch_1"]
+    assert run.data.tags["mlflow_hvd.backend"] == "spark"
+    (model_out,) = run.outputs.model_outputs
+    flavors = mlflow.models.get_model_info(f"models:/{model_out.model_id}").flavors
+    assert "pytorch" in flavors
+
+
+@pytest.mark.slow
 def test_mlflow_run_as_typed_creates_the_projects_environment_and_trains_on_four_ranks(
     tmp_path: Path,
 ) -> None:

@@ -669,3 +669,34 @@ def allreduce_many(n: int = 300) -> int:
     for i in range(n):
         hvd.allreduce(tf.ones([1000]), name=f"many_{i % 10}")
     return n
+
+
+def torch_with_mlflows_own_api() -> dict[str, Any]:
+    """A horovod.torch function that logs with MLflow's own API, as MLflow's PyTorch docs
+    write it, on every rank: only rank 0's calls reach the job's run."""
+    import horovod.torch as hvd
+    import mlflow
+    import mlflow.pytorch
+    import numpy as np
+    import torch
+
+    hvd.init()
+    model = torch.nn.Linear(4, 2)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    with mlflow.start_run() as run:
+        mlflow.log_param("layers", 1)
+        mlflow.log_metric("weight_sum", float(model.weight.sum()), step=0)
+        info = mlflow.pytorch.log_model(model, name="linear",
+                                        input_example=np.zeros((2, 4), dtype="float32"))
+    # mlflow_hvd's own: without an example, the pickle format; the class travels by value
+    from mlflow_hvd import torch as hvd_torch
+
+    class Doubler(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return 2 * x
+
+    pickled = hvd_torch.log_model(Doubler(), name="doubler")
+    return {"rank": hvd.rank(), "run": run.info.run_id,
+            "model_id": info.model_id if info is not None else None,
+            "pickled_id": pickled.model_id if pickled is not None else None,
+            "size": hvd.size()}

@@ -1,18 +1,26 @@
-"""Builds Horovod against the TensorFlow installed in this environment, installs it and checks
-it: the one step pip cannot do, because Horovod compiles against the TensorFlow it finds at
-build time (pip's isolated build environment has none, and the result silently lacks its
-TensorFlow extension).
+"""Builds Horovod against the TensorFlow (and PyTorch, when installed) in this environment,
+installs it and checks it: the one step pip cannot do, because Horovod compiles against the
+frameworks it finds at build time (pip's isolated build environment has none, and the result
+silently lacks their extensions).
 
     python -m mlflow_hvd.cli.horovod            # build if needed, install, check
     python -m mlflow_hvd.cli.horovod --check    # only check what is installed
     python -m mlflow_hvd.cli.horovod --rebuild  # ignore the cached wheel
 
-The wheel is built once per Horovod, TensorFlow, Python and CPU and kept in
+The wheel is built once per Horovod, TensorFlow, PyTorch, Python and CPU and kept in
 ``$MLFLOW_HVD_CACHE/wheels`` (default ``~/.cache/mlflow_hvd/wheels``), so a second
 environment with the same versions installs it in seconds. The source is Horovod's sdist from
 the package index, verified against the hash below. The build is Horovod's own with
 ``HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1
-HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1``: Gloo is what the runner drives, no MPI.
+HOROVOD_WITHOUT_MXNET=1`` and ``HOROVOD_WITH_PYTORCH=1`` where PyTorch is installed
+(``HOROVOD_WITHOUT_PYTORCH=1`` elsewhere): Gloo is what the runner drives, no MPI.
+
+With PyTorch, Horovod 0.28.1's build files need one change, made to the unpacked sdist
+before the build (:data:`CXX17_PATCH`, each line checked before it is changed): its PyTorch
+extension is compiled as C++14, which PyTorch's headers refuse (``C++17 or later compatible
+compiler is required to use PyTorch``). Horovod's main branch made the same change after the
+release (horovod/horovod#3998). A TensorFlow-only build is Horovod's sdist unchanged.
+
 A marker in the environment records what was installed, so a check of an unchanged
 environment imports nothing and takes a fraction of a second.
 """
@@ -27,8 +35,11 @@ import platform
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tarfile
 import tempfile
 import time
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,9 +53,13 @@ BUILD_FLAGS = {
     "HOROVOD_WITH_GLOO": "1",
     "HOROVOD_WITH_TENSORFLOW": "1",
     "HOROVOD_WITHOUT_MPI": "1",
-    "HOROVOD_WITHOUT_PYTORCH": "1",
     "HOROVOD_WITHOUT_MXNET": "1",
 }
+# (file in the sdist, line number, the line as released): set to C++17 for builds with PyTorch
+CXX17_PATCH = (
+    ("CMakeLists.txt", 19, "set(CMAKE_CXX_STANDARD 14)"),
+    ("horovod/torch/CMakeLists.txt", 67, "    set(CMAKE_CXX_STANDARD 14)"),
+)
 TOOLS = ("cmake", "g++", "make")
 MARKER = ".mlflow_hvd-horovod.json"  # in sys.prefix
 BUILD_TIMEOUT = 3600.0
@@ -59,10 +74,21 @@ class Target:
     tensorflow: str
     python: str
     cpu: str
+    torch: str = ""  # the PyTorch built against; empty: a TensorFlow-only build
 
     @property
     def name(self) -> str:
-        return f"horovod-{self.horovod}-tf{self.tensorflow}-py{self.python}-{self.cpu}"
+        torch = f"-torch{self.torch}" if self.torch else ""
+        return f"horovod-{self.horovod}-tf{self.tensorflow}{torch}-py{self.python}-{self.cpu}"
+
+    def flags(self) -> dict[str, str]:
+        """Horovod's build switches for this target."""
+        torch = "HOROVOD_WITH_PYTORCH" if self.torch else "HOROVOD_WITHOUT_PYTORCH"
+        return {**BUILD_FLAGS, torch: "1"}
+
+    def frameworks(self) -> str:
+        return f"TensorFlow {self.tensorflow}" + (f" and PyTorch {self.torch}"
+                                                  if self.torch else "")
 
 
 def cpu_id() -> str:
@@ -89,7 +115,10 @@ def target() -> Target:
             "pip install 'mlflow_hvd[tensorflow-cpu]')"
         )
     compat.TENSORFLOW.check(found, " (installed here)")
-    return Target(VERSION, found, f"{sys.version_info[0]}.{sys.version_info[1]}", cpu_id())
+    torch = compat.TORCH.installed()
+    compat.TORCH.check(torch, " (installed here)")
+    return Target(VERSION, found, f"{sys.version_info[0]}.{sys.version_info[1]}", cpu_id(),
+                  torch or "")
 
 
 def cache_root() -> Path:
@@ -111,7 +140,8 @@ def installed_matches(t: Target) -> bool:
     except (OSError, ValueError):
         return False
     return (recorded == asdict(t) and compat.HOROVOD.installed() == t.horovod
-            and compat.horovod_tensorflow_extension() is not None)
+            and compat.horovod_tensorflow_extension() is not None
+            and (not t.torch or compat.horovod_torch_extension() is not None))
 
 
 def _pip(*args: str, env: dict[str, str] | None = None, timeout: float) -> None:
@@ -139,16 +169,72 @@ def build_wheel(t: Target, dest: Path) -> Path:
     try:
         spec = work / "horovod.txt"
         spec.write_text(f"horovod=={t.horovod} --hash=sha256:{SDIST_SHA256}\n")
-        env = dict(os.environ, **BUILD_FLAGS, MAKEFLAGS=f"-j{os.cpu_count() or 1}")
-        print(f"building Horovod {t.horovod} against TensorFlow {t.tensorflow} on Python "
-              f"{t.python} (3-5 minutes on 2 cores) ...", flush=True)
-        _pip("wheel", "--no-deps", "--no-build-isolation", "--no-binary", "horovod",
-             "--require-hashes", "--no-cache-dir", "-w", str(work / "wheel"), "-r", str(spec),
-             env=env, timeout=BUILD_TIMEOUT)
+        _pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", "--require-hashes",
+             "-d", str(work), "-r", str(spec), timeout=600)
+        sdist = work / f"horovod-{t.horovod}.tar.gz"
+        if t.torch:  # pip builds the patched sdist as it builds a released one
+            sdist = patched_sdist(sdist, work / "patched")
+        env = dict(os.environ, **t.flags(), MAKEFLAGS=f"-j{os.cpu_count() or 1}")
+        print(f"building Horovod {t.horovod} against {t.frameworks()} on Python {t.python} "
+              f"({'4-6' if t.torch else '3-5'} minutes on 2 cores) ...", flush=True)
+        _pip("wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
+             "-w", str(work / "wheel"), str(sdist), env=env, timeout=BUILD_TIMEOUT)
+        check_wheel(wheel_in(work / "wheel"), t)
         (work / "wheel").rename(dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return wheel_in(dest)
+
+
+def patched_sdist(archive: Path, into: Path) -> Path:
+    """Horovod's sdist (already hash-checked) with :func:`patch_cxx17` applied, packed again
+    under the same name in ``into``."""
+    if not archive.is_file():
+        raise InstallError(f"the Horovod sdist was not downloaded to {archive}")
+    tree = into / "tree"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    (source,) = tree.iterdir()
+    patch_cxx17(source)
+    out = into / archive.name
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(source, arcname=source.name)
+    return out
+
+
+def check_wheel(wheel: Path, t: Target) -> None:
+    """Refuse a wheel without the extension of each framework of ``t`` in its package (a
+    build can succeed and still leave one out, or put it elsewhere)."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    needed = [f"horovod/tensorflow/mpi_lib{suffix}"]
+    if t.torch:
+        needed.append(f"horovod/torch/mpi_lib_v2{suffix}")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    missing = [n for n in needed if n not in names]
+    if missing:
+        raise InstallError(f"the Horovod wheel built for {t.frameworks()} lacks "
+                           f"{', '.join(missing)}; nothing was cached or installed")
+
+
+def patch_cxx17(source: Path) -> None:
+    """Compile Horovod as C++17, as PyTorch's headers require (:data:`CXX17_PATCH`).
+
+    Raises:
+        InstallError: A line to change is not what Horovod 0.28.1 released (another
+            version, or a modified sdist): nothing is guessed.
+    """
+    for name, number, line in CXX17_PATCH:
+        path = source / name
+        lines = path.read_text().split("\n")
+        found = lines[number - 1] if len(lines) >= number else "<missing>"
+        if found != line:
+            raise InstallError(
+                f"cannot apply the C++17 patch for PyTorch to Horovod {VERSION}: line "
+                f"{number} of {name} is {found!r}, expected {line!r}"
+            )
+        lines[number - 1] = line.replace("CMAKE_CXX_STANDARD 14", "CMAKE_CXX_STANDARD 17")
+        path.write_text("\n".join(lines))
 
 
 def wheel_in(directory: Path) -> Path:
@@ -158,25 +244,33 @@ def wheel_in(directory: Path) -> Path:
     return wheels[-1]
 
 
-def verify(timeout: float = CHECK_TIMEOUT) -> str:
-    """Load Horovod's TensorFlow extension in a fresh interpreter (as a rank will) and check
-    it has Gloo; returns what it reported."""
-    probe = ("import horovod, horovod.tensorflow as hvd, tensorflow as tf; "
-             "print(horovod.__version__, tf.__version__, hvd.gloo_built(), hvd.mpi_built())")
+def verify(torch: bool = False, timeout: float = CHECK_TIMEOUT) -> str:
+    """Load Horovod's TensorFlow extension (and, with ``torch``, its PyTorch one) in a fresh
+    interpreter, as a rank will, and check each has Gloo; returns what it reported."""
+    report = _probe("tensorflow", "tensorflow", timeout)
+    if torch:
+        report += " and " + _probe("torch", "torch", timeout).split(" and ", 1)[1]
+    return report
+
+
+def _probe(framework: str, module: str, timeout: float) -> str:
+    probe = (f"import horovod, horovod.{framework} as hvd, {module} as fw; "
+             "print(horovod.__version__, fw.__version__, hvd.gloo_built(), hvd.mpi_built())")
+    name = "PyTorch" if framework == "torch" else "TensorFlow"
     try:
         done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                               timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise InstallError(f"importing horovod.tensorflow took over {timeout:.0f}s") from None
+        raise InstallError(f"importing horovod.{framework} took over {timeout:.0f}s") from None
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise InstallError(f"horovod.tensorflow does not load here:\n{tail}\n"
+        raise InstallError(f"horovod.{framework} does not load here:\n{tail}\n"
                                 f"Rebuild it: {compat.HOROVOD_COMMAND} --rebuild")
-    hv, tf, gloo, _mpi = done.stdout.split()[-4:]
+    hv, version, gloo, _mpi = done.stdout.split()[-4:]
     if gloo != "True":
         raise InstallError(f"Horovod {hv} here was built without Gloo, which the runner "
                                 f"needs. Rebuild it: {compat.HOROVOD_COMMAND} --rebuild")
-    return f"Horovod {hv} with Gloo and TensorFlow {tf}"
+    return f"Horovod {hv} with Gloo and {name} {version}"
 
 
 def ensure(rebuild: bool = False) -> tuple[bool, str]:
@@ -184,8 +278,7 @@ def ensure(rebuild: bool = False) -> tuple[bool, str]:
     anything was installed and a line saying what."""
     t = target()
     if not rebuild and installed_matches(t):
-        return False, (f"Horovod {t.horovod} for TensorFlow {t.tensorflow} is installed "
-                       f"({_marker()})")
+        return False, f"Horovod {t.horovod} for {t.frameworks()} is installed ({_marker()})"
     started = time.monotonic()
     directory = cache_root() / t.name
     if rebuild or not directory.is_dir():
@@ -198,7 +291,11 @@ def ensure(rebuild: bool = False) -> tuple[bool, str]:
         how = f"reused {wheel}"
     _pip("install", "--quiet", "--no-deps", "--force-reinstall", str(wheel), timeout=600)
     _marker().unlink(missing_ok=True)
-    report = verify()
+    try:
+        report = verify(torch=bool(t.torch))
+    except InstallError:
+        shutil.rmtree(directory, ignore_errors=True)  # not reused: the next run builds again
+        raise
     _marker().write_text(json.dumps(asdict(t)))
     return True, f"{report}: {how}, installed in {sys.prefix}"
 
@@ -214,9 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.check:
-            target()
+            t = target()
             compat.check_horovod(tensorflow=True, where=" (installed here)")
-            print(verify())
+            if t.torch and compat.horovod_torch_extension() is None:
+                raise InstallError(
+                    f"PyTorch {t.torch} is installed but Horovod here was built without it "
+                    f"(no horovod.torch extension). Rebuild: {compat.HOROVOD_COMMAND} --rebuild"
+                )
+            print(verify(torch=bool(t.torch)))
         else:
             print(ensure(rebuild=args.rebuild)[1])
     except MlflowHvdError as exc:

@@ -78,6 +78,11 @@ TENSORFLOW = Supported(
     "2.16 is the first whose tf.keras is Keras 3; 2.18 the last Horovod 0.28.1 builds against",
 )
 
+TORCH = Supported(
+    "PyTorch", ("torch",), "2.13", "2.14",
+    "the release tested with horovod.torch (its CPU build; Horovod 0.28.1 needs the C++17 "
+    "patch of mlflow_hvd/cli/horovod.py for it)",
+)
 HOROVOD = Supported(
     "Horovod", ("horovod",), "0.28.1", "0.28.2",
     "its rendezvous server and Gloo controller are what the runner drives",
@@ -116,11 +121,20 @@ def check_legacy_keras(where: str) -> None:
 def horovod_tensorflow_extension() -> str | None:
     """The file of Horovod's TensorFlow extension in this environment, if it exists (found
     without importing Horovod or TensorFlow)."""
+    return _horovod_extension("tensorflow", "mpi_lib")
+
+
+def horovod_torch_extension() -> str | None:
+    """The file of Horovod's PyTorch extension in this environment, if it exists."""
+    return _horovod_extension("torch", "mpi_lib_v2")
+
+
+def _horovod_extension(framework: str, library: str) -> str | None:
     spec = importlib.util.find_spec("horovod")
     if spec is None or not spec.submodule_search_locations:
         return None
     for root in spec.submodule_search_locations:
-        path = os.path.join(root, "tensorflow", "mpi_lib" + sysconfig.get_config_var("EXT_SUFFIX"))
+        path = os.path.join(root, framework, library + sysconfig.get_config_var("EXT_SUFFIX"))
         if os.path.isfile(path):
             return path
     return None

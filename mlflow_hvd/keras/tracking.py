@@ -111,15 +111,8 @@ def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> in
             "optimizer's state too"
         )
     initial_epoch = 0
-    target = tracking_api.tracking_target()
-    source = run_id or (target.run_id if target else None)
-    known_empty = (  # the driver read the job's run just before: no checkpoint in it
-        target is not None and source == target.run_id and target.facts is not None
-        and not target.facts.has_checkpoint
-    )
-    if hvd.rank() == 0 and source is not None and not known_empty:
-        uri = target.tracking_uri if target else None
-        ref = checkpoints.latest(source, uri)
+    if hvd.rank() == 0:
+        ref, uri = checkpoints.to_resume(run_id)
         if ref is not None:
             model.optimizer.build(model.trainable_variables)
             with scratch.owned_dir("restore") as tmp:

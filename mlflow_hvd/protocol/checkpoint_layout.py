@@ -7,6 +7,9 @@ As ``mlflow.tensorflow.autolog(checkpoint=True)`` writes it, so
     checkpoints/epoch_<N>/checkpoint_metrics.json   metrics, "epoch", "global_step"
     tag mlflow.latest_checkpoint_artifact = checkpoints/epoch_<N>/checkpoint.keras
 
+A PyTorch job's model file is ``checkpoint.pt`` instead (``torch.save`` of the model's and
+the optimizer's ``state_dict``), in the same place.
+
 Rank 0 writes it (:mod:`mlflow_hvd.rank.tracking.checkpoints`); the driver reads the tag to
 tell rank 0 whether there is a checkpoint to resume from.
 """
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "checkpoint.keras"
+TORCH_FILE = "checkpoint.pt"
 METRICS_FILE = "checkpoint_metrics.json"
 LATEST_TAG = "mlflow.latest_checkpoint_artifact"
 _EPOCH_RE = re.compile(rf"^{CHECKPOINT_DIR}/epoch_(\d+)/")
@@ -37,9 +41,9 @@ def epoch_dir(epoch: int) -> str:
     return f"{CHECKPOINT_DIR}/epoch_{epoch}"
 
 
-def model_path(epoch: int) -> str:
+def model_path(epoch: int, file_name: str = MODEL_FILE) -> str:
     """The artifact path of ``epoch``'s model file (the value of :data:`LATEST_TAG`)."""
-    return f"{epoch_dir(epoch)}/{MODEL_FILE}"
+    return f"{epoch_dir(epoch)}/{file_name}"
 
 
 def parse(run_id: str, latest_tag: str | None) -> CheckpointRef | None:

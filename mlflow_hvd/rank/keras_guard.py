@@ -1,7 +1,7 @@
 """Rank side: refuse Horovod's own Keras layer under Keras 3, before it can train wrongly,
 a TensorFlow outside the supported versions (:mod:`mlflow_hvd.common.compat`) when it is
-imported, and a Horovod built without Gloo when ``horovod.tensorflow`` is imported (its
-``hvd.init()`` would otherwise fail inside Horovod's C++ controller).
+imported, and a Horovod built without Gloo when ``horovod.tensorflow`` or ``horovod.torch``
+is imported (its ``hvd.init()`` would otherwise fail inside Horovod's C++ controller).
 
 ``horovod.tensorflow.keras`` (and ``horovod.keras``) predate Keras 3. Under Keras 3 their
 callbacks fail with errors such as ``'Variable' object has no attribute 'ref'`` or
@@ -26,6 +26,7 @@ from mlflow_hvd.errors import IncompatibleImportError, UnsupportedVersionError
 from mlflow_hvd.rank.after_import import spec_then
 
 REFUSED = ("horovod.tensorflow.keras", "horovod.keras")
+GLOO_CHECKED = ("horovod.tensorflow", "horovod.torch")  # each loads its own Horovod library
 
 
 @functools.cache
@@ -71,7 +72,8 @@ def gloo_message(where: str) -> str:
 
 
 def _check_gloo(module: types.ModuleType) -> None:
-    """Refuse a loaded ``horovod.tensorflow`` whose library was built without Gloo (a call
+    """Refuse a loaded ``horovod.tensorflow`` or ``horovod.torch`` whose library was built
+    without Gloo (a call
     into the loaded library: nothing else is imported)."""
     built = getattr(module, "gloo_built", None)
     if callable(built) and not built():
@@ -80,7 +82,9 @@ def _check_gloo(module: types.ModuleType) -> None:
 
 class _Refuse(importlib.abc.MetaPathFinder):
     tensorflow_checked = False
-    horovod_checked = False
+
+    def __init__(self) -> None:
+        self.horovod_checked: set[str] = set()
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: object = None
@@ -94,8 +98,8 @@ class _Refuse(importlib.abc.MetaPathFinder):
                 compat.TENSORFLOW.check(compat.TENSORFLOW.installed(), " (in this rank)")
             except UnsupportedVersionError as exc:
                 raise IncompatibleImportError(str(exc)) from None
-        if fullname == "horovod.tensorflow" and not self.horovod_checked:
-            self.horovod_checked = True
+        if fullname in GLOO_CHECKED and fullname not in self.horovod_checked:
+            self.horovod_checked.add(fullname)
             return spec_then(fullname, path, _check_gloo)
         return None
 

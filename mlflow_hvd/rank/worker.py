@@ -177,14 +177,18 @@ def _log_horovod_files() -> None:
 
 
 def _shutdown_horovod() -> None:
-    hvd = sys.modules.get("horovod.tensorflow")
-    if hvd is None:
-        return
-    try:
-        if hvd.is_initialized():
-            hvd.shutdown()
-    except Exception as exc:  # the job's outcome is already reported; say why Horovod didn't
-        sys.stderr.write(f"mlflow_hvd: horovod shutdown failed: {type(exc).__name__}: {exc}\n")
+    """Shut down the Horovod of each framework the job initialised (each of
+    ``horovod.tensorflow`` and ``horovod.torch`` has its own library and state)."""
+    for name in ("horovod.tensorflow", "horovod.torch"):
+        hvd = sys.modules.get(name)
+        if hvd is None:
+            continue
+        try:
+            if hvd.is_initialized():
+                hvd.shutdown()
+        except Exception as exc:  # the outcome is already reported; say why Horovod didn't
+            sys.stderr.write(f"mlflow_hvd: {name} shutdown failed: {type(exc).__name__}: "
+                             f"{exc}\n")
 
 
 _client: ChannelClient | None = None

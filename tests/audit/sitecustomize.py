@@ -1,4 +1,5 @@
-"""Counts the processes of a test session that import TensorFlow (the suite's main cost).
+"""Counts the processes of a test session that import TensorFlow (the suite's main cost),
+and those that import PyTorch.
 
 ``tests/conftest.py`` puts this directory on ``PYTHONPATH`` and names a file in
 ``MLFLOW_HVD_TEST_TF_LOG``; every Python process started under the session (the pytest
@@ -15,12 +16,19 @@ _LOG = os.environ.get("MLFLOW_HVD_TEST_TF_LOG")
 
 
 class _FirstTensorFlowImport:
+    """Also counts ``torch`` (lines that start with ``torch``)."""
+
+    def __init__(self) -> None:
+        self.pending = {"tensorflow": "", "torch": "torch "}
+
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        if name == "tensorflow" and _LOG:
-            sys.meta_path.remove(self)
+        prefix = self.pending.pop(name, None)
+        if prefix is not None and _LOG:
+            if not self.pending:
+                sys.meta_path.remove(self)
             with open(_LOG, "a") as log:
                 test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
-                log.write(f"{os.getpid()} {' '.join(sys.argv)[:120]} [{test}]\n")
+                log.write(f"{prefix}{os.getpid()} {' '.join(sys.argv)[:120]} [{test}]\n")
         return None  # the normal import goes on
 
 

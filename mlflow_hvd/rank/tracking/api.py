@@ -192,24 +192,40 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     Returns:
         ``mlflow.models.model.ModelInfo`` on rank 0, None elsewhere.
     """
+    from mlflow_hvd.rank.tracking import requirements
+
+    return log_flavor_model("mlflow.tensorflow", model, name, requirements.MODEL_PACKAGES,
+                            True, kwargs)
+
+
+def log_flavor_model(flavor: str, model: Any, name: str, packages: tuple[str, ...],
+                     declared_signature: bool, kwargs: dict[str, Any]) -> Any:
+    """Rank 0: ``<flavor>.log_model(model, name=name, run_id=<the job's run>, **kwargs)``
+    after everything queued, linked to the latest step logged, its pip requirements the
+    installed versions of ``packages`` (no inference subprocess) and, with
+    ``declared_signature``, the Keras model's declared tensors as its signature (no
+    prediction either). None on other ranks."""
     logger = _require()
     if logger is None:
         return None
-    import mlflow
-    import mlflow.tensorflow
+    import importlib
 
+    import mlflow
+
+    log = importlib.import_module(flavor).log_model
     logger.check_artifacts()
     logger.flush()  # the model is linked to the run's metrics as of now
     mlflow.set_tracking_uri(logger.target.tracking_uri)
     kwargs.setdefault("step", logger.last_step)
     kwargs["tags"] = {**logger.source_tags, **(kwargs.get("tags") or {})}
     from mlflow_hvd.rank.tracking import requirements  # reads package metadata: only here
-    from mlflow_hvd.rank.tracking.signature import declared_signature
 
-    kwargs = requirements.with_known_requirements(kwargs)  # no inference subprocess
-    if "signature" not in kwargs and "input_example" not in kwargs:  # no prediction either
-        kwargs["signature"] = declared_signature(model)
-    return mlflow.tensorflow.log_model(model, name=name, run_id=logger.target.run_id, **kwargs)
+    kwargs = requirements.with_known_requirements(kwargs, packages)
+    if declared_signature and "signature" not in kwargs and "input_example" not in kwargs:
+        from mlflow_hvd.rank.tracking.signature import declared_signature as signature
+
+        kwargs["signature"] = signature(model)
+    return log(model, name=name, run_id=logger.target.run_id, **kwargs)
 
 
 def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from mlflow_hvd.common import scratch
@@ -24,7 +25,7 @@ from mlflow_hvd.protocol.checkpoint_layout import (
 )
 from mlflow_hvd.rank.tracking import api as tracking_api
 
-__all__ = ["LATEST_TAG", "CheckpointRef", "download", "latest", "save"]
+__all__ = ["LATEST_TAG", "CheckpointRef", "download", "latest", "save", "save_with", "to_resume"]
 
 
 def save(
@@ -40,17 +41,31 @@ def save(
     ``log_batch`` as the tag, so metrics and the resume point always agree. A no-op on
     other ranks (the :mod:`mlflow_hvd.tracking` gate).
     """
+    save_with(model.save, MODEL_FILE, epoch, global_step, metrics, log_metrics)
+
+
+def save_with(
+    write: Callable[[str], object],
+    file_name: str,
+    epoch: int,
+    global_step: int,
+    metrics: dict[str, float],
+    log_metrics: bool = False,
+) -> None:
+    """:func:`save` for any framework: ``write(path)`` writes the model file, named
+    ``file_name`` in the checkpoint's directory. A no-op on other ranks."""
     if not tracking_api.is_logging_rank():
         return
     with scratch.owned_dir("ckpt") as tmp:
-        local_model = os.path.join(tmp, MODEL_FILE)
-        model.save(local_model)
+        local_model = os.path.join(tmp, file_name)
+        write(local_model)
         metrics_path = os.path.join(tmp, METRICS_FILE)
         with open(metrics_path, "w") as f:
             json.dump({**metrics, "epoch": epoch, "global_step": global_step}, f)
         tracking_api.log_artifact(local_model, epoch_dir(epoch))
         tracking_api.log_artifact(metrics_path, epoch_dir(epoch))
-    tracking_api.commit(metrics if log_metrics else {}, epoch, {LATEST_TAG: model_path(epoch)})
+    tracking_api.commit(metrics if log_metrics else {}, epoch,
+                        {LATEST_TAG: model_path(epoch, file_name)})
 
 
 def latest(run_id: str, tracking_uri: str | None = None) -> CheckpointRef | None:
@@ -70,3 +85,19 @@ def download(ref: CheckpointRef, dst: str, tracking_uri: str | None = None) -> s
             ref.run_id, ref.artifact_path, dst
         )
     )
+
+
+def to_resume(run_id: str | None = None) -> tuple[CheckpointRef | None, str | None]:
+    """The checkpoint to resume from: the latest of ``run_id`` (default: the job's own run),
+    or None; and the tracking URI to download it from. Asks the server only when the driver
+    did not already find the job's run without a checkpoint."""
+    target = tracking_api.tracking_target()
+    source = run_id or (target.run_id if target else None)
+    known_empty = (  # the driver read the job's run just before: no checkpoint in it
+        target is not None and source == target.run_id and target.facts is not None
+        and not target.facts.has_checkpoint
+    )
+    uri = target.tracking_uri if target else None
+    if source is None or known_empty:
+        return None, uri
+    return latest(source, uri), uri

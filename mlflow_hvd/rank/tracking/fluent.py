@@ -24,9 +24,9 @@ On **rank 0**:
   into the job's run, synchronous.
 
 On **other ranks** all of these, ``log_text``/``log_figure``/``log_image``/``log_table`` and
-the Keras/TensorFlow flavors' ``log_model`` write nothing and create no run (``active_run()``
-is None, ``start_run()`` returns a stand-in whose ``info.run_id`` is the job's run), and the
-rank's stderr says once that its MLflow calls are dropped.
+the Keras/TensorFlow/PyTorch flavors' ``log_model`` write nothing and create no run
+(``active_run()`` is None, ``start_run()`` returns a stand-in whose ``info.run_id`` is the
+job's run), and the rank's stderr says once that its MLflow calls are dropped.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ WRITES = ("log_metric", "log_metrics", "log_param", "log_params", "set_tag", "se
           "log_artifact", "log_artifacts", "log_dict")
 DROPPED_ONLY = ("log_text", "log_figure", "log_image", "log_table", "log_input",
                 "set_experiment_tag", "set_experiment_tags", "delete_tag")
-FLAVORS = ("mlflow.tensorflow", "mlflow.keras")
+FLAVORS = ("mlflow.tensorflow", "mlflow.keras", "mlflow.pytorch")
 
 
 class _Job:
@@ -60,6 +60,7 @@ class _Job:
         self.said = False
         self.autologged: set[str] = set()  # "" for mlflow.autolog, else the flavor module
         self.originals: list[tuple[types.ModuleType, str, Any]] = []
+        self.previous_uri: str | None = None  # MLflow's tracking URI before the job's
 
     def drop(self, what: str) -> None:
         if not self.said:
@@ -109,6 +110,10 @@ def uninstall() -> None:
         stack = _stack()
         if stack is not None and job.active in stack:
             stack.remove(job.active)
+    if job.previous_uri is not None:
+        import mlflow
+
+        mlflow.set_tracking_uri(job.previous_uri)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -170,6 +175,11 @@ def _activate(job: _Job) -> Any:
     if job.active is None:
         import mlflow
 
+        # MLflow's own calls (log_text, a flavor's log_model, autolog) go to the job's
+        # store, whatever the rank's environment said when it started (a warm rank outlives
+        # the store of the job that started it)
+        job.previous_uri = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(job.target.tracking_uri)
         run = mlflow.MlflowClient(job.target.tracking_uri).get_run(job.target.run_id)
         job.active = mlflow.ActiveRun(run)
         stack = _stack()

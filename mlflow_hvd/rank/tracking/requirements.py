@@ -12,6 +12,9 @@ from typing import Any
 
 # What loading a Keras model needs; MLflow adds its own pin.
 MODEL_PACKAGES = ("tensorflow", "tensorflow-cpu", "keras", "numpy", "cloudpickle")
+# ... and a PyTorch model (torch's CPU build is a local version, e.g. 2.13.0+cpu: the pin
+# names it exactly)
+TORCH_PACKAGES = ("torch", "numpy", "cloudpickle")
 
 
 def installed(packages: tuple[str, ...] = MODEL_PACKAGES) -> list[str]:
@@ -25,11 +28,12 @@ def installed(packages: tuple[str, ...] = MODEL_PACKAGES) -> list[str]:
     return pins
 
 
-def with_known_requirements(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` for ``log_model`` with ``pip_requirements`` set from this environment
-    (plus the caller's ``extra_pip_requirements``), unless the caller chose
+def with_known_requirements(kwargs: dict[str, Any],
+                            packages: tuple[str, ...] = MODEL_PACKAGES) -> dict[str, Any]:
+    """``kwargs`` for ``log_model`` with ``pip_requirements`` set from this environment's
+    ``packages`` (plus the caller's ``extra_pip_requirements``), unless the caller chose
     ``pip_requirements`` or ``conda_env`` themselves."""
     if kwargs.get("pip_requirements") is not None or kwargs.get("conda_env") is not None:
         return kwargs
     extra = list(kwargs.pop("extra_pip_requirements", None) or [])
-    return {**kwargs, "pip_requirements": installed() + extra}
+    return {**kwargs, "pip_requirements": installed(packages) + extra}

@@ -1,0 +1,168 @@
+"""PyTorch training functions (horovod.torch) under HorovodRunner: local ranks, Spark barrier
+tasks, rank-0 tracking, checkpoints and resume, a model another process loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import digits_keras
+import digits_torch
+import mlflow
+import pytest
+import torch
+import workers
+from conftest import REPO
+
+from mlflow_hvd import HorovodRunner, WorkerFailedError
+from mlflow_hvd.sweep import sweep
+
+pytestmark = pytest.mark.slow
+
+
+def _load_in_another_process(model_uri: str, cwd: Path) -> float:
+    """Test accuracy of the logged model, loaded by ``mlflow.pytorch`` in a fresh Python
+    that has no copy of the examples (cwd elsewhere, no path to them)."""
+    code = f"""
+import json, sys
+import mlflow.pytorch, numpy as np, torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+assert not any("examples" in p for p in sys.path)
+digits = load_digits()
+x = (digits.images / 16.0).astype("float32")[:, None]
+_, x_test, _, y_test = train_test_split(x, digits.target, test_size=0.25, random_state=0,
+                                        stratify=digits.target)
+model = mlflow.pytorch.load_model({model_uri!r})
+with torch.no_grad():
+    pred = model(torch.from_numpy(x_test)).argmax(1).numpy()
+print(json.dumps(float((pred == y_test).mean())))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return float(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _model_files(model_id: str) -> list[str]:
+    client = mlflow.MlflowClient()
+    location = client.get_logged_model(model_id).artifact_location
+    return sorted(os.path.basename(a.path) for a in mlflow.artifacts.list_artifacts(
+        f"{location}/data"))
+
+
+def test_two_local_ranks_train_as_one_and_log_checkpoints_and_a_model_another_process_loads(
+    store: str, warm_ranks: Any, tmp_path: Path
+) -> None:
+    result = warm_ranks.run(digits_torch.train, epochs=2)
+    assert len(result["checksums"]) == 2 and len(set(result["checksums"])) == 1  # identical
+    client = mlflow.MlflowClient()
+    run_id = warm_ranks.last_run_id
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    for key in ("loss", "val_loss", "val_accuracy"):
+        assert [m.step for m in client.get_metric_history(run_id, key)] == [0, 1], key
+    assert run.data.params["framework"] == "pytorch" and run.data.params["hvd_size"] == "2"
+    # the shards are equal: 1347 * 0.85 = 1144 rows, 572 per rank
+    assert run.data.params["shard_size"] == "572"
+    assert run.data.tags["mlflow.latest_checkpoint_artifact"] == (
+        "checkpoints/epoch_1/checkpoint.pt")
+    files = {a.path for a in client.list_artifacts(run_id, "checkpoints/epoch_0")}
+    assert files == {"checkpoints/epoch_0/checkpoint.pt",
+                     "checkpoints/epoch_0/checkpoint_metrics.json"}
+    (model_out,) = run.outputs.model_outputs
+    assert model_out.step == 1
+    assert _model_files(model_out.model_id) == ["model.pt2"]  # an input example: torch.export
+    logged = client.get_logged_model(model_out.model_id)
+    reqs = Path(mlflow.artifacts.download_artifacts(
+        f"{logged.artifact_location}/requirements.txt")).read_text().split()
+    assert "torch==2.13.0+cpu" in reqs
+    accuracy = _load_in_another_process(f"models:/{model_out.model_id}", tmp_path)
+    assert accuracy == pytest.approx(result["test_accuracy"], abs=1e-6)
+    assert accuracy > 0.5  # ten classes: chance is 0.1
+
+
+def test_a_failed_attempt_resumes_from_the_last_torch_checkpoint(store: str) -> None:
+    runner = HorovodRunner(np=-2, max_failures=1, stop_grace=2)
+    result = runner.run(digits_torch.train, epochs=3, fail_at_epoch=2, log_model=False)
+    assert len(set(result["checksums"])) == 1
+    client = mlflow.MlflowClient()
+    run = client.get_run(runner.last_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run.info.run_id}@epoch_1"
+    # epochs 0 and 1 from the first attempt, 2 from the second: none repeated, none skipped
+    for key in ("loss", "val_loss"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0, 1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id,
+                                                      "mlflow_hvd.attempt")] == [0, 1]
+
+
+def test_two_spark_ranks_train_as_one(store: str, spark: Any) -> None:
+    runner = HorovodRunner(np=2, spark=spark)
+    result = runner.run(digits_torch.train, epochs=1, log_model=False)
+    assert len(result["checksums"]) == 2 and len(set(result["checksums"])) == 1
+    run = mlflow.MlflowClient().get_run(runner.last_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_hvd.backend"] == "spark"
+    assert run.data.tags["mlflow.latest_checkpoint_artifact"] == (
+        "checkpoints/epoch_0/checkpoint.pt")
+
+
+def test_mlflows_own_pytorch_api_logs_from_rank_0_only(store: str, warm_ranks: Any) -> None:
+    result = warm_ranks.run(workers.torch_with_mlflows_own_api)
+    run_id = warm_ranks.last_run_id
+    assert result["rank"] == 0 and result["size"] == 2 and result["run"] == run_id
+    run = mlflow.MlflowClient().get_run(run_id)
+    assert run.data.params == {"layers": "1"}
+    # rank 1's log_model calls were dropped: rank 0's two models only
+    assert {m.model_id for m in run.outputs.model_outputs} == {result["model_id"],
+                                                               result["pickled_id"]}
+    assert _model_files(result["model_id"]) == ["model.pt2"]  # MLflow's default format
+    linear = mlflow.pytorch.load_model(f"models:/{result['model_id']}")
+    assert tuple(linear(torch.zeros(3, 4)).shape) == (3, 2)
+    # no example: the pickle format, the class defined in the function by value
+    assert "model.pth" in _model_files(result["pickled_id"])
+    doubler = mlflow.pytorch.load_model(f"models:/{result['pickled_id']}")
+    assert doubler(torch.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_a_sweep_of_torch_trials(store: str) -> None:
+    from hyperopt import hp
+
+    result = sweep(digits_torch.train, {"learning_rate": hp.loguniform("lr", -7, -4)},
+                   max_evals=2, np=-2, fixed_params={"epochs": 1, "log_model": False})
+    assert result.trials == 2 and result.failed_trials == 0
+    client = mlflow.MlflowClient()
+    children = client.search_runs(
+        [client.get_run(result.parent_run_id).info.experiment_id],
+        f"tags.mlflow.parentRunId = '{result.parent_run_id}'")
+    assert len(children) == 2
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.params["framework"] == "pytorch"
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "val_loss")] == [0]
+
+
+def test_a_keras_checkpoint_is_not_resumed_as_a_torch_one(store: str) -> None:
+    runner = HorovodRunner(np=-1)
+    runner.run(digits_keras.train, epochs=1, log_model=False)
+    with pytest.raises(WorkerFailedError) as info, mlflow.start_run(run_id=runner.last_run_id):
+        HorovodRunner(np=-1).run(digits_torch.train, epochs=2, log_model=False)
+    assert info.value.root_cause.error == (
+        f"ConfigurationError: the latest checkpoint of run {runner.last_run_id} is "
+        "checkpoints/epoch_0/checkpoint.keras, not a PyTorch checkpoint (checkpoint.pt); "
+        "resume it with the framework that wrote it")
+
+
+def test_the_example_is_importable_without_torch_on_the_driver() -> None:
+    """The driver loads the training function; torch is imported only in the ranks."""
+    code = ("import sys; sys.path.insert(0, 'examples'); import digits_torch; "
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.strip() == "False", proc.stderr

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -28,6 +29,7 @@ from mlflow_hvd.errors import (
     RetriesExhaustedError,
     WorkerFailedError,
 )
+from mlflow_hvd.protocol.credentials import collect as collect_credentials
 from mlflow_hvd.protocol.messages import Code, TrackingTarget, UndeliveredTracking
 
 if TYPE_CHECKING:
@@ -110,6 +112,15 @@ class HorovodRunner:
             tasks share a GPU (a fractional amount), a rank sees only its own. Without the
             resource nothing is changed. ``np < 0``: ``CUDA_VISIBLE_DEVICES`` is left as the
             driver has it, so local rank ``i`` takes the driver's ``i``-th visible GPU.
+        tracking_env: Names of further variables of the driver's environment that rank 0's
+            MLflow client needs, e.g. an artifact store's (``AWS_ACCESS_KEY_ID``, ...).
+            They reach rank 0 as MLflow's own client settings do: the driver's
+            ``MLFLOW_TRACKING_USERNAME``, ``MLFLOW_TRACKING_PASSWORD``,
+            ``MLFLOW_TRACKING_TOKEN``, ``MLFLOW_TRACKING_INSECURE_TLS`` and the files of
+            ``MLFLOW_TRACKING_SERVER_CERT_PATH`` / ``MLFLOW_TRACKING_CLIENT_CERT_PATH``, read
+            at each ``run``, are handed to the job's rank 0 over its channel, sealed with the
+            job's secret, and to no other rank (README: "Tracking servers with
+            authentication").
 
     SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
     stopped, the Spark job group cancelled, the run ended KILLED, and
@@ -138,6 +149,7 @@ class HorovodRunner:
         idle_timeout: float = 3600.0,
         horovod: HorovodOptions | None = None,
         gpu_resource: str = "gpu",
+        tracking_env: Sequence[str] = (),
     ) -> None:
         self.num_processor = check_np(np)
         try:
@@ -173,6 +185,7 @@ class HorovodRunner:
         self._system_metrics = bool(log_system_metrics)
         self._tracking_timeout = check_seconds("tracking_timeout", tracking_timeout)
         self._undelivered_dir = undelivered_dir
+        self._tracking_env = _env_names("tracking_env", tracking_env)
         self._max_failures = check_positive_int("max_failures", max_failures, 0)
         self._pool: RankPool | None = None
         self._boot = SessionBoot(self.num_processor, spark_master, self._slot_timeout)
@@ -281,6 +294,13 @@ class HorovodRunner:
         self.last_job_id = job_id = new_job_id()
         if target is not None and attempt > 0:  # an earlier attempt logged: rank 0 asks
             target = dataclasses.replace(target, facts=None)
+        settings = self._settings
+        if target is not None:
+            # the driver's MLflow client settings, read now, for rank 0 over the channel
+            settings = dataclasses.replace(settings, credentials=collect_credentials(
+                os.environ, self._tracking_env))
+            target = dataclasses.replace(target,
+                                         authenticated=settings.credentials is not None)
         payload = dumps_payload(code, target, attempt)
         description = f"HorovodRunner(np={self.num_processor}).run({_name(main)})" + (
             f" attempt {attempt}" if attempt else ""
@@ -292,11 +312,11 @@ class HorovodRunner:
             writes = Relay(target).answer
         if self._pool is not None:
             value = self._pool.run(payload, description, sys.stdout, job_id,
-                                   self._save_undelivered, self._settings, writes)
+                                   self._save_undelivered, settings, writes)
         else:
             backend, driver_host = self._backend()
             value = run_job(
-                abs(self.num_processor), payload, backend, self._settings, driver_host,
+                abs(self.num_processor), payload, backend, settings, driver_host,
                 description, job_id=job_id, on_undelivered=self._save_undelivered,
                 on_tracking_write=writes,
             )
@@ -389,6 +409,14 @@ class HorovodRunner:
         spark = self._session()
         host = spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
         return SparkBackend(spark, self._slot_timeout), resolve_host(host)
+
+
+def _env_names(name: str, value: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigurationError(
+            f"{name} must be a list of environment variable names, e.g. "
+            f"['AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY'], got {value!r}")
+    return tuple(value)
 
 
 def _name(fn: Callable[..., Any]) -> str:

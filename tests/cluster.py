@@ -87,6 +87,11 @@ class Cluster:
         return subprocess.run(["nsenter", "-t", pid, "-n", "-m", "-u", *cmd],
                               capture_output=True, text=True, timeout=60)
 
+    def pids(self, node: str) -> list[int]:
+        """Pids of every process inside ``node`` (by its network namespace)."""
+        out = _ip("netns", "pids", self.namespace(node), check=False).stdout
+        return sorted(int(p) for p in out.split())
+
     def rank_pids(self, node: str) -> list[int]:
         """Pids of mlflow_hvd rank processes inside ``node`` (by its network namespace: a
         plain pgrep would see every node's processes, PIDs are not namespaced here)."""

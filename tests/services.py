@@ -60,8 +60,11 @@ def http_json(url: str) -> Any:
         return None
 
 
-def http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=3) as r:
+def http_ok(url: str, ca: Path | None = None) -> bool:
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
+    with urllib.request.urlopen(url, timeout=3, context=context) as r:
         return bool(r.status == 200)
 
 
@@ -166,8 +169,72 @@ def start(cmd: Sequence[str], log: Path,
                                 start_new_session=True)
 
 
+ADMIN_PASSWORD = "admin-pass-4-tests"  # of the basic-auth server's "admin" user
+
+
+def auth_config(root: Path) -> dict[str, str]:
+    """The environment of a ``--app-name basic-auth`` server: its user store in ``root``,
+    the admin's password, the Flask secret key. Users have no permission by default."""
+    ini = root / "basic_auth.ini"
+    ini.write_text(
+        "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+        f"database_uri = sqlite:///{root}/basic_auth.db\nadmin_username = admin\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        "grant_default_workspace_access = false\n"
+        # a password check is a PBKDF2 hash: without the cache every request pays for one
+        "auth_cache_ttl_seconds = 60\n")
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-secret-key-" + root.name}
+
+
+def self_signed(root: Path, host: str) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for ``host`` (an IP address) signed by it: (CA bundle,
+    server certificate, server key), written into ``root``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mlflow_hvd test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                       crl_sign=True, content_commitment=False,
+                                       key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False,
+                                       decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    root.mkdir(parents=True, exist_ok=True)
+    paths = (root / "ca.pem", root / "server.pem", root / "server.key")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
 def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int | None = None,
-                        wait: bool = True) -> tuple[subprocess.Popen[bytes], str]:
+                        wait: bool = True, auth: bool = False, tls: bool = False
+                        ) -> tuple[subprocess.Popen[bytes], str]:
     """``mlflow server`` with a SQLite backend and proxied artifacts (``mlflow-artifacts:/``
     locations: clients upload and download through the server, no shared disk).
 
@@ -176,8 +243,15 @@ def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int 
     someone else before the server binds it: with ``wait`` a server that exits because its
     port is in use is started again on another free port (three tries). ``wait=False``
     returns at once (start other services meanwhile), then call
-    :func:`wait_for_mlflow_server`."""
+    :func:`wait_for_mlflow_server`. ``auth``: MLflow's ``basic-auth`` app (:func:`auth_config`);
+    ``tls``: HTTPS with a certificate of :func:`self_signed` (``root / "tls" / "ca.pem"`` is
+    the CA bundle clients need)."""
     root.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **(auth_config(root) if auth else {})}
+    extra = ["--app-name", "basic-auth"] if auth else []
+    if tls:
+        _, cert, key = self_signed(root / "tls", host)
+        extra += ["--uvicorn-opts", f"--ssl-certfile {cert} --ssl-keyfile {key}"]
     for attempt in range(3):
         chosen = port or free_port(host)
         log = root / "server.log"
@@ -187,14 +261,14 @@ def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int 
              "--backend-store-uri", f"sqlite:///{root}/server.db",
              "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
              "--allowed-hosts", f"{host}:{chosen},{host},localhost:{chosen},localhost",
-             "--workers", "1"],
-            log,
+             "--workers", "1", *extra],
+            log, env=env,
         )
-        url = f"http://{host}:{chosen}"
+        url = f"{'https' if tls else 'http'}://{host}:{chosen}"
         if not wait:
             return proc, url
         try:
-            wait_for_mlflow_server(proc, url, timeout)
+            wait_for_mlflow_server(proc, url, timeout, ca=root / "tls" / "ca.pem" if tls else None)
         except RuntimeError:
             clash = "address already in use" in log.read_text(errors="replace")[seen:].lower()
             if port is not None or not clash or attempt == 2:
@@ -204,11 +278,13 @@ def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int 
     raise AssertionError("unreachable: the loop returns or raises")
 
 
-def wait_for_mlflow_server(proc: subprocess.Popen[bytes], url: str, timeout: float = 90.0
-                           ) -> None:
-    """Until the server at ``url`` answers; on failure or timeout it is stopped."""
+def wait_for_mlflow_server(proc: subprocess.Popen[bytes], url: str, timeout: float = 90.0,
+                           ca: Path | None = None) -> None:
+    """Until the server at ``url`` answers (verified against ``ca`` for HTTPS); on failure
+    or timeout it is stopped."""
     try:
-        wait_until(lambda: http_ok(f"{url}/health"), timeout, f"mlflow server at {url}", proc)
+        wait_until(lambda: http_ok(f"{url}/health", ca), timeout, f"mlflow server at {url}",
+                   proc)
     except BaseException:
         stop_group(proc)
         raise

@@ -317,25 +317,108 @@ def test_a_rank_killed_on_node_b_and_the_run_resumed(cluster: Cluster, client: A
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1, 2, 3]
 
 
-def test_horovod_torch_ranks_on_two_hosts_train_as_one_and_log_through_the_server(
-    cluster: Cluster, client: Any, tmp_path: Path
+def _holding_the_password(cluster: Cluster, password: str) -> dict[int, str]:
+    """Processes on the worker nodes whose command line or environment holds ``password``:
+    pid -> their HOROVOD_RANK."""
+    import psutil
+
+    found = {}
+    for node in cluster.node_ips:
+        for pid in cluster.pids(node):
+            try:
+                proc = psutil.Process(pid)
+                env = proc.environ()
+                if password in " ".join(proc.cmdline()) or password in "\0".join(
+                        f"{k}={v}" for k, v in env.items()):
+                    found[pid] = env.get("HOROVOD_RANK", "?")
+            except psutil.Error:
+                continue
+    return found
+
+
+def test_a_basic_auth_tls_server_from_workers_that_hold_no_credentials(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = drive(cluster, f"""
+    """A PyTorch job on 4 ranks over both hosts. The driver alone has the credentials and
+    the CA bundle; rank 0 gets them over the job's channel, no other process on the worker
+    nodes has them (command lines, environments), nor does the Spark UI's environment
+    page. A CA the driver trusts only through REQUESTS_CA_BUNDLE (not a setting rank 0
+    receives) fails rank 0 before training."""
+    from services import ADMIN_PASSWORD, start_mlflow_server, stop_group
+
+    server, url = start_mlflow_server(cluster.driver_ip, tmp_path / "auth-tls", auth=True,
+                                      tls=True)
+    ca = tmp_path / "auth-tls" / "tls" / "ca.pem"
+    creds = {"MLFLOW_TRACKING_URI": url, "MLFLOW_TRACKING_USERNAME": "admin",
+             "MLFLOW_TRACKING_PASSWORD": ADMIN_PASSWORD}
+    body = f"""
         sys.path.insert(0, {str(REPO / 'examples')!r})
-        import digits_torch
-        runner = HorovodRunner(np=4)
+        import digits_torch, urllib.request
+        from pyspark.sql import SparkSession
+        spark = SparkSession.builder.config("spark.ui.enabled", "true").getOrCreate()
+        runner = HorovodRunner(np=4, spark=spark)
+        held = runner.run(workers.log_and_hold, seconds=5)
+        held_run = runner.last_run_id
         trained = runner.run(digits_torch.train, epochs=1)
-        result = {{"checksums": trained["checksums"], "run_id": runner.last_run_id}}
-    """, tmp_path)
-    assert len(out["checksums"]) == 4 and len(set(out["checksums"])) == 1, out
-    run = client.get_run(out["run_id"])
-    assert run.info.status == "FINISHED"
-    assert run.data.params["hvd_size"] == "4"
-    # rank 0's checkpoint and model, written on its node, reached the server
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/epoch_0")} == {
-        "checkpoints/epoch_0/checkpoint.pt", "checkpoints/epoch_0/checkpoint_metrics.json"}
-    (model_out,) = run.outputs.model_outputs
-    assert client.get_logged_model(model_out.model_id).status == "READY"
+        sc = spark.sparkContext
+        page = urllib.request.urlopen(
+            f"{{sc.uiWebUrl}}/api/v1/applications/{{sc.applicationId}}/environment").read()
+        print('RESULT ' + json.dumps({{"held_run": held_run, "run_id": runner.last_run_id,
+                                      "checksums": trained["checksums"],
+                                      "ui_bytes": len(page),
+                                      "ui_has_password": {ADMIN_PASSWORD!r}.encode() in page}}),
+              flush=True)
+    """
+    try:
+        with Driver(cluster, body, tmp_path, MLFLOW_TRACKING_SERVER_CERT_PATH=str(ca),
+                    **creds) as driver:
+            driver.wait_for_line("<log>: holding", 300)
+            holders = _holding_the_password(cluster, ADMIN_PASSWORD)
+            import psutil  # the scan sees an environment that holds it: the driver's
+
+            assert psutil.Process(driver.proc.pid).environ()["MLFLOW_TRACKING_PASSWORD"] == (
+                ADMIN_PASSWORD)
+            out = driver.result(timeout=600)
+        assert "error" not in out, out
+        # horovod.torch on 4 ranks over two hosts: every rank ends with the same parameters
+        assert len(out["checksums"]) == 4 and len(set(out["checksums"])) == 1, out
+        # rank 0 set it in its own process (after start: not in its /proc environment)
+        assert set(holders.values()) <= {"0"}, holders
+        said = [ln.split("<log>: ", 1)[1] for ln in driver.lines if "password here" in ln]
+        assert sorted(said) == ["password here: False"] * 3 + ["password here: True"]
+        assert "[0]<log>: password here: True" in driver.lines
+        assert out["ui_bytes"] > 1000 and not out["ui_has_password"]
+
+        # the CA through REQUESTS_CA_BUNDLE: the driver verifies the server, rank 0 cannot
+        with Driver(cluster, "runner.run(workers.log_and_hold, seconds=0)", tmp_path,
+                    REQUESTS_CA_BUNDLE=str(ca), **creds) as driver:
+            refused = driver.result(timeout=300)
+        assert refused.get("error") == "WorkerFailedError", (refused, driver.lines[-10:])
+        assert "[root cause]: TrackingError: rank 0 on host node-" in refused["message"]
+        assert "cannot verify the TLS certificate of the MLflow tracking server" in (
+            refused["message"])
+        assert "Set MLFLOW_TRACKING_SERVER_CERT_PATH on the driver" in refused["message"]
+        # rank 0 stopped before its function ran (the others do not wait for it)
+        assert "[0]<log>: password here" not in " ".join(driver.lines)
+
+        for key, value in {**creds, "MLFLOW_TRACKING_SERVER_CERT_PATH": str(ca)}.items():
+            monkeypatch.setenv(key, value)  # this process: a third one, with the credentials
+        mlflow.set_tracking_uri(url)
+        client = mlflow.MlflowClient()
+        held = client.get_run(out["held_run"])
+        assert held.info.status == "FINISHED" and held.data.metrics["held"] == 1.0
+        run = client.get_run(out["run_id"])
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.latest_checkpoint_artifact"] == (
+            "checkpoints/epoch_0/checkpoint.pt")
+        (model_out,) = run.outputs.model_outputs
+        import torch
+
+        model = mlflow.pytorch.load_model(f"models:/{model_out.model_id}")
+        assert tuple(model(torch.zeros(2, 1, 8, 8)).shape) == (2, 10)
+    finally:
+        stop_group(server)
+        mlflow.set_tracking_uri(cluster.mlflow_url)
 
 
 def test_a_two_trial_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path: Path) -> None:

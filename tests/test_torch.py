@@ -10,11 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import digits_keras
 import digits_torch
 import mlflow
 import pytest
-import torch
 import workers
 from conftest import REPO
 
@@ -102,17 +100,6 @@ def test_a_failed_attempt_resumes_from_the_last_torch_checkpoint(store: str) -> 
                                                       "mlflow_hvd.attempt")] == [0, 1]
 
 
-def test_two_spark_ranks_train_as_one(store: str, spark: Any) -> None:
-    runner = HorovodRunner(np=2, spark=spark)
-    result = runner.run(digits_torch.train, epochs=1, log_model=False)
-    assert len(result["checksums"]) == 2 and len(set(result["checksums"])) == 1
-    run = mlflow.MlflowClient().get_run(runner.last_run_id)
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["mlflow_hvd.backend"] == "spark"
-    assert run.data.tags["mlflow.latest_checkpoint_artifact"] == (
-        "checkpoints/epoch_0/checkpoint.pt")
-
-
 def test_mlflows_own_pytorch_api_logs_from_rank_0_only(store: str, warm_ranks: Any) -> None:
     result = warm_ranks.run(workers.torch_with_mlflows_own_api)
     run_id = warm_ranks.last_run_id
@@ -122,6 +109,8 @@ def test_mlflows_own_pytorch_api_logs_from_rank_0_only(store: str, warm_ranks: A
     # rank 1's log_model calls were dropped: rank 0's two models only
     assert {m.model_id for m in run.outputs.model_outputs} == {result["model_id"],
                                                                result["pickled_id"]}
+    import torch  # not at the top: the old-end environment (no torch) collects this module
+
     assert _model_files(result["model_id"]) == ["model.pt2"]  # MLflow's default format
     linear = mlflow.pytorch.load_model(f"models:/{result['model_id']}")
     assert tuple(linear(torch.zeros(3, 4)).shape) == (3, 2)
@@ -149,12 +138,12 @@ def test_a_sweep_of_torch_trials(store: str) -> None:
 
 
 def test_a_keras_checkpoint_is_not_resumed_as_a_torch_one(store: str) -> None:
-    runner = HorovodRunner(np=-1)
-    runner.run(digits_keras.train, epochs=1, log_model=False)
-    with pytest.raises(WorkerFailedError) as info, mlflow.start_run(run_id=runner.last_run_id):
-        HorovodRunner(np=-1).run(digits_torch.train, epochs=2, log_model=False)
+    with mlflow.start_run() as run:  # a Keras job's run, as MlflowCallback tags it
+        mlflow.set_tag("mlflow.latest_checkpoint_artifact", "checkpoints/epoch_0/checkpoint.keras")
+        with pytest.raises(WorkerFailedError) as info:
+            HorovodRunner(np=-1).run(digits_torch.train, epochs=2, log_model=False)
     assert info.value.root_cause.error == (
-        f"ConfigurationError: the latest checkpoint of run {runner.last_run_id} is "
+        f"ConfigurationError: the latest checkpoint of run {run.info.run_id} is "
         "checkpoints/epoch_0/checkpoint.keras, not a PyTorch checkpoint (checkpoint.pt); "
         "resume it with the framework that wrote it")
 

@@ -700,3 +700,21 @@ def torch_with_mlflows_own_api() -> dict[str, Any]:
             "model_id": info.model_id if info is not None else None,
             "pickled_id": pickled.model_id if pickled is not None else None,
             "size": hvd.size()}
+
+
+def log_and_hold(seconds: float) -> dict[str, Any]:
+    """Rank 0 logs a metric and an artifact (flushed: through the server, now); every rank
+    then says it is holding and sleeps, for a test to look at its processes."""
+    import mlflow_hvd
+    from mlflow_hvd import tracking
+
+    rank = _rank()
+    tracking.log_metric("held", 1.0, step=0)
+    tracking.log_dict({"rank": rank}, "held/rank.json")
+    tracking.flush()
+    here = bool(os.environ.get("MLFLOW_TRACKING_PASSWORD"))
+    mlflow_hvd.log_to_driver(f"password here: {here}")
+    if rank == 0:
+        mlflow_hvd.log_to_driver("holding")
+    time.sleep(seconds)
+    return {"rank": rank, "password_here": here}

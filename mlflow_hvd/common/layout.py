@@ -20,6 +20,7 @@ from mlflow_hvd.common.horovod_launcher import (
     create_slot_env_vars,
     get_host_assignments,
 )
+from mlflow_hvd.protocol.credentials import ALL_VARS as CREDENTIAL_VARS
 from mlflow_hvd.protocol.messages import RankSlot
 
 WORKER_MODULE = "mlflow_hvd.rank.worker"
@@ -131,7 +132,10 @@ def worker_env(
     """The full environment of a worker: ``base`` (the host's environment: Horovod's tuning
     variables kept, the ones the runner owns and the run id dropped), then the job's
     ``tuning`` (:mod:`mlflow_hvd.common.horovod_env`), then ``rank_vars``."""
-    env = {k: v for k, v in base.items() if k not in OWNED and k != "MLFLOW_RUN_ID"}
+    # MLflow's client settings (credentials) reach rank 0 over the channel, no rank
+    # through its environment (mlflow_hvd.protocol.credentials)
+    env = {k: v for k, v in base.items()
+           if k not in OWNED and k != "MLFLOW_RUN_ID" and k not in CREDENTIAL_VARS}
     env.update(tuning or {})
     env.update(rank_vars)
     return env

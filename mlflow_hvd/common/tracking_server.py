@@ -59,6 +59,74 @@ def check_server_reachable(uri: str, who: str, timeout: float = SERVER_CONNECT_T
         ) from exc
 
 
+def is_http(uri: str) -> bool:
+    return urllib.parse.urlsplit(uri).scheme in ("http", "https")
+
+
+def refusal(exc: BaseException, who: str, uri: str) -> TrackingError | None:
+    """A :class:`TrackingError` naming the setting to fix when ``exc`` is the tracking
+    server refusing this client (credentials, permission, TLS), else None."""
+    text = f"{type(exc).__name__}: {exc}"
+    for cause in _chain(exc):
+        text += f"\n{type(cause).__name__}: {cause}"
+    code = getattr(exc, "error_code", "")
+    if "CERTIFICATE_VERIFY_FAILED" in text or "SSLError" in text:
+        detail = next((ln.strip() for ln in text.splitlines() if "certificate" in ln.lower()),
+                      text.splitlines()[0])[:300]
+        return TrackingError(
+            f"{who} cannot verify the TLS certificate of the MLflow tracking server {uri} "
+            f"({detail}). Set MLFLOW_TRACKING_SERVER_CERT_PATH on the driver to the CA bundle "
+            "that signed it (rank 0 gets the file from the driver), or "
+            "MLFLOW_TRACKING_INSECURE_TLS=true to skip verification"
+        )
+    if code == "UNAUTHENTICATED" or "error code 401" in text:
+        return TrackingError(
+            f"the MLflow tracking server {uri} refused the credentials of {who} (HTTP 401). "
+            "Check MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
+            "MLFLOW_TRACKING_TOKEN) in the driver's environment: rank 0 gets them from the "
+            "driver"
+        )
+    if code == "PERMISSION_DENIED" or "error code 403" in text:
+        return TrackingError(
+            f"the MLflow tracking server {uri} does not let {who} write to the run (HTTP "
+            "403): the user of MLFLOW_TRACKING_USERNAME (or MLFLOW_TRACKING_TOKEN) needs "
+            "EDIT permission on the run's experiment"
+        )
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and len(out) < 10:
+        out.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return out
+
+
+def check_authorized(client: Any, run_id: str, who: str, uri: str,
+                     tag: tuple[str, str] | None = None) -> None:
+    """Before training: this client may read the run, write to it (``tag``, when given) and
+    reach its artifacts (listing them through the server's proxy, or in the store), with
+    TLS verified. A refusal raises :class:`TrackingError` naming the setting; an outage
+    passes (what is logged waits for the server).
+
+    Raises:
+        TrackingError: The server refused this client.
+    """
+    try:
+        client.get_run(run_id)
+        if tag is not None:
+            client.set_tag(run_id, *tag)
+        client.list_artifacts(run_id)
+    except Exception as exc:
+        refused = refusal(exc, who, uri)
+        if refused is not None:
+            raise refused from exc
+        if not is_outage(exc):
+            raise
+
+
 def make_local_artifact_dir(artifact_uri: str) -> str:
     """Driver: create the run's artifact directory if it is an absolute local path (a
     ``sqlite:`` or ``file:`` store's default) and return it; "" for any other location."""

@@ -18,7 +18,9 @@ from mlflow_hvd.driver.limits import ensure_open_files
 from mlflow_hvd.driver.rendezvous import Rendezvous, RendezvousStats
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
 from mlflow_hvd.driver.tasks import TaskGate
+from mlflow_hvd.protocol.credentials import Credentials, seal
 from mlflow_hvd.protocol.messages import (
+    AskCredentials,
     Launch,
     LayoutReport,
     Retire,
@@ -66,7 +68,8 @@ def run_job(
     secret = secrets.token_bytes(32)
     try:
         channel = open_channel(secret, on_message, driver_host, request_router(
-            on_tracking_write, on_layout=layout_answer(tasks, rendezvous, events)))
+            on_tracking_write, on_layout=layout_answer(tasks, rendezvous, events),
+            on_credentials=credentials_answer(secret, lambda: settings.credentials)))
     except BaseException:  # no channel, no job: the rendezvous server must not outlive it
         rendezvous.stop()
         raise
@@ -164,19 +167,41 @@ def request_router(
     on_tracking_write: TrackingWriter | None,
     on_other: Callable[[object], object] | None = None,
     on_layout: Callable[[LayoutReport], object] | None = None,
+    on_credentials: Callable[[AskCredentials], object] | None = None,
 ) -> Callable[[object], object]:
     """Who answers each request: rank 0's tracking writes go to ``on_tracking_write``, a
-    Spark task's layout to ``on_layout``, others to ``on_other``; ``Retire`` when nobody
-    handles it (rank 0 then reports its records refused; a task starts no worker)."""
+    Spark task's layout to ``on_layout``, rank 0's request for the driver's MLflow client
+    settings to ``on_credentials``, others to ``on_other``; ``Retire`` when nobody handles it
+    (rank 0 then reports its records refused; a task starts no worker; rank 0 goes on
+    without settings)."""
 
     def on_request(request: object) -> object:
         if isinstance(request, TrackingWrite):
             return on_tracking_write(request) if on_tracking_write is not None else Retire()
         if isinstance(request, LayoutReport):
             return on_layout(request) if on_layout is not None else Retire()
+        if isinstance(request, AskCredentials):
+            return on_credentials(request) if on_credentials is not None else Retire()
         return on_other(request) if on_other is not None else Retire()
 
     return on_request
+
+
+def credentials_answer(
+    secret: bytes, current: Callable[[], Credentials | None]
+) -> Callable[[AskCredentials], object]:
+    """Rank 0's request for the driver's MLflow client settings: the current job's, sealed
+    with the job's secret; :class:`Retire` for any other rank, or when there are none."""
+
+    def answer(request: AskCredentials) -> object:
+        credentials = current()
+        if request.rank != 0 or credentials is None:
+            return Retire()
+        log.info("rank 0 gets the driver's MLflow client settings: %s",
+                 ", ".join(credentials.names()))
+        return seal(secret, credentials)
+
+    return answer
 
 
 def layout_answer(

@@ -29,6 +29,7 @@ from mlflow_hvd.common import logs
 from mlflow_hvd.common.deadline import Deadline
 from mlflow_hvd.driver.job import (
     TrackingWriter,
+    credentials_answer,
     layout_answer,
     log_load,
     message_router,
@@ -41,6 +42,7 @@ from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, supervise
 from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import BackendError, JobNotStartedError, WorkerFailedError
+from mlflow_hvd.protocol.credentials import Credentials
 from mlflow_hvd.protocol.messages import (
     AwaitJob,
     NextJob,
@@ -97,8 +99,11 @@ class _Generation:
         self.tasks = TaskGate()  # the generation's Spark tasks
         route = message_router(self.events, self.rendezvous, on_undelivered, self.tasks)
         self.secret = secrets.token_bytes(32)
-        answer = request_router(lambda request: self._write(request), self._on_request,
-                                layout_answer(self.tasks, self.rendezvous, self.events))
+        self.credentials: Credentials | None = None  # the current job's, for its rank 0
+        answer = request_router(
+            lambda request: self._write(request), self._on_request,
+            layout_answer(self.tasks, self.rendezvous, self.events),
+            credentials_answer(self.secret, lambda: self.credentials))
         try:
             self.channel = open_channel(self.secret, route, driver_host, answer)
             self.port = self.channel.start()
@@ -285,6 +290,7 @@ class RankPool:
             handed = False
             if self._live is not None:
                 self._live.on_tracking_write = on_tracking_write
+                self._live.credentials = settings.credentials
                 try:
                     self._live.hand_out(payload, Deadline.after(settings.start_timeout))
                     handed = True
@@ -326,6 +332,7 @@ class RankPool:
         backend, driver_host = self._make_backend()
         self._live = _Generation(self.np, backend, driver_host, settings, on_undelivered)
         self._live.on_tracking_write = on_tracking_write
+        self._live.credentials = settings.credentials
         self.generations += 1
         self._live.number = self.generations
         log.info("generation %d: starting %d ranks for job %s", self.generations, self.np,

@@ -28,6 +28,7 @@ from mlflow_hvd.errors import (
     StartTimeoutError,
     WorkerFailedError,
 )
+from mlflow_hvd.protocol.credentials import Credentials
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
     OutputLines,
@@ -72,6 +73,8 @@ class DriverSettings:
     report_grace: float = 15.0
     horovod_env: tuple[tuple[str, str], ...] = ()  # Horovod's tuning, for every rank
     gpu_resource: str = "gpu"  # Spark resource name of the GPUs ranks get
+    # The driver's MLflow client settings, for the job's rank 0 only (repr shows names only)
+    credentials: Credentials | None = None
 
 
 class JobState(enum.Enum):

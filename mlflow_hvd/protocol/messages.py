@@ -60,6 +60,9 @@ class TrackingTarget:
     # The run's artifact directory when it is a path on the driver's disk (a local store),
     # which the driver creates so rank 0 can tell whether its host sees it; "" otherwise
     local_artifacts: str = ""
+    # Whether the driver hands rank 0 MLflow client settings (credentials): only rank 0
+    # can then write, so the other nodes log no system metrics
+    authenticated: bool = False
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,13 @@ class UndeliveredTracking:
     records: tuple[Record, ...]
     files: tuple[tuple[str, bytes], ...]
     reason: str
+
+
+@dataclass(frozen=True)
+class AskCredentials(Request, FromRank):
+    """Rank 0 -> driver, before its job's first MLflow call: the driver's MLflow client
+    settings. Answered with a :class:`~mlflow_hvd.protocol.credentials.Sealed` for rank 0 of
+    a job whose driver has any, :class:`Retire` otherwise."""
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from mlflow_hvd.protocol.messages import (
     WorkerResult,
     WorkerStarted,
 )
-from mlflow_hvd.rank import context, keras_guard
+from mlflow_hvd.rank import context, credentials, keras_guard
 from mlflow_hvd.rank.tracking import api as tracking_api
 from mlflow_hvd.rank.tracking import fluent
 
@@ -86,7 +86,7 @@ def main() -> int:
         payload_bytes = f.read()
     while True:
         client.send(WorkerStarted(rank, host))
-        code = _run_job(client, rank, host, payload_bytes)
+        code = _run_job(client, rank, host, payload_bytes, boot)
         if code != 0 or not boot.pooled:
             return code
         _end_pooled_job()
@@ -100,13 +100,21 @@ def main() -> int:
         payload_bytes = answer.payload
 
 
-def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes) -> int:
+def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes,
+             boot: Bootstrap) -> int:
     """Run one job's ``main`` and report its outcome; returns the exit code it earns."""
+    applied: credentials.Applied | None = None
     try:
         payload: Payload = pickle.loads(payload_bytes)
         main_fn, kwargs = cloudpickle.loads(payload.code.pickled)
         context.install(client, rank, payload.attempt)
         code_sources.restore([main_fn, kwargs], payload.code.code_files, payload.code.code_texts)
+        if rank == 0 and payload.tracking is not None:  # the driver's MLflow client settings
+            sealed = credentials.fetch(client, rank)
+            if sealed is not None:
+                applied = credentials.apply(
+                    bytes.fromhex(boot.secret_hex), sealed,
+                    os.path.join(os.path.dirname(boot.payload_path), "credentials"))
         local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
         tracking_api.configure(payload.tracking, rank, local_rank, host)
         fluent.install(payload.tracking, rank)  # MLflow's own API into the job's run
@@ -129,6 +137,7 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes) 
         _finish_tracking(client, strict=False, timeout=SIGTERM_DRAIN)
         return _report(client, rank, host, exc)
     finally:
+        credentials.remove(applied)
         sys.stdout.flush()
         sys.stderr.flush()
     return 0

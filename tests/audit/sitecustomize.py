@@ -22,6 +22,8 @@ class _FirstTensorFlowImport:
         self.pending = {"tensorflow": "", "torch": "torch "}
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name not in self.pending or not _importing():
+            return None  # a probe (importlib.util.find_spec), not an import
         prefix = self.pending.pop(name, None)
         if prefix is not None and _LOG:
             if not self.pending:
@@ -30,6 +32,19 @@ class _FirstTensorFlowImport:
                 test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
                 log.write(f"{prefix}{os.getpid()} {' '.join(sys.argv)[:120]} [{test}]\n")
         return None  # the normal import goes on
+
+
+def _importing() -> bool:
+    """Whether an import statement (not ``importlib.util.find_spec``) asks: the import
+    system's own frames call the finders."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_find_and_load_unlocked":
+            return True
+        frame = frame.f_back
+    return False
 
 
 if _LOG:

@@ -9,6 +9,7 @@ the caller started is tagged but left for the caller to end.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import platform
@@ -19,8 +20,11 @@ from typing import Any
 
 from mlflow_hvd.common.deadline import call_within
 from mlflow_hvd.common.tracking_server import (
+    check_authorized,
     check_server_reachable,
+    is_http,
     make_local_artifact_dir,
+    refusal,
     run_facts,
 )
 from mlflow_hvd.driver.tracking import undelivered
@@ -132,12 +136,24 @@ def driver_run(
     with store_lock(uri):
         active = mlflow.active_run()
         owned = active is None
-        run = active if active is not None else mlflow.start_run()  # honours MLFLOW_RUN_ID
-        client = mlflow.MlflowClient()
-        run_id = run.info.run_id
-        # the caller's run may have been logged to since it started: read it again
-        facts = run_facts(run if owned else client.get_run(run_id))
-        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in run_tags(np, backend).items()])
+        try:
+            run = active if active is not None else mlflow.start_run()  # MLFLOW_RUN_ID
+            client = mlflow.MlflowClient()
+            run_id = run.info.run_id
+            # the caller's run may have been logged to since it started: read it again
+            facts = run_facts(run if owned else client.get_run(run_id))
+            client.log_batch(run_id,
+                             tags=[RunTag(k, v) for k, v in run_tags(np, backend).items()])
+            if is_http(uri):  # and its artifacts, before any rank starts
+                check_authorized(client, run_id, "the driver", uri)
+        except Exception as exc:
+            refused = refusal(exc, "the driver", uri)
+            if refused is None:
+                raise
+            if owned and mlflow.active_run() is not None:
+                with contextlib.suppress(Exception):
+                    mlflow.end_run("FAILED")
+            raise refused from exc
     target = TrackingTarget(
         tracking_uri=uri,
         run_id=run_id,

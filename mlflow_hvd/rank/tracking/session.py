@@ -18,13 +18,16 @@ from typing import Any
 
 from mlflow_hvd.common import scratch
 from mlflow_hvd.common.tracking_server import (
+    check_authorized,
     check_local_artifacts,
     check_server_reachable,
+    is_http,
     is_outage,
     run_facts,
 )
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol import records as rec
+from mlflow_hvd.protocol.credentials import ALL_VARS as CREDENTIAL_VARS
 from mlflow_hvd.protocol.messages import TrackingTarget, UndeliveredTracking
 from mlflow_hvd.rank import context
 from mlflow_hvd.rank.tracking.delivery import Delivery
@@ -158,11 +161,17 @@ class Session:
             for key, value in HTTP_DEFAULTS.items():
                 os.environ.setdefault(key, value)
             check_server_reachable(target.tracking_uri, f"rank 0 on host {host}")
+            _check_authorized(target, host)
         with self._lock:
             self.target, self.rank, self.host, self._logger = target, rank, host, None
             self._move(SessionState.OFF if target is None else SessionState.READY)
             if target is not None and target.system_metrics and local_rank == 0:
-                self._monitor = _start_system_metrics(target, host)
+                if rank == 0 or not target.authenticated:
+                    self._monitor = _start_system_metrics(target, host)
+                else:  # the credentials are rank 0's alone
+                    sys.stderr.write(
+                        f"mlflow_hvd: no system metrics from {host}: the tracking server "
+                        "takes credentials, which only rank 0 receives\n")
 
     def is_logging_rank(self) -> bool:
         """The one gate: rank 0 of a job that tracks, before its shutdown."""
@@ -214,6 +223,21 @@ class Session:
         if state is not self.state:
             log.debug("rank %d: tracking %s -> %s", self.rank, self.state.value, state.value)
             self.state = state
+
+
+def _check_authorized(target: TrackingTarget, host: str) -> None:
+    """Rank 0, before training, against a server that checks who calls (credentials from
+    the driver, or TLS): may it read and write the run and reach its artifacts? A wrong
+    password, an expired token or an unverifiable certificate fails the job here, not when
+    the first checkpoint is uploaded."""
+    uri = target.tracking_uri
+    if not is_http(uri) or not (uri.startswith("https:")
+                                or any(os.environ.get(v) for v in CREDENTIAL_VARS)):
+        return
+    from mlflow import MlflowClient
+
+    check_authorized(MlflowClient(tracking_uri=uri), target.run_id, f"rank 0 on host {host}",
+                     uri, tag=("mlflow_hvd.rank0_host", host))
 
 
 def _start_system_metrics(target: TrackingTarget, host: str) -> Any:

@@ -43,13 +43,17 @@ def as_admin(auth_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_only_rank_0_gets_the_drivers_credentials_and_the_run_has_its_artifacts(
-    as_admin: str, capsys: pytest.CaptureFixture[str]
+    as_admin: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runner = HorovodRunner(np=-2)
-    assert runner.run(workers.log_and_hold, seconds=0) == {"rank": 0, "password_here": True}
+    monkeypatch.setenv("ARTIFACT_STORE_KEY", "k3y")  # opted in with tracking_env
+    runner = HorovodRunner(np=-2, tracking_env=["ARTIFACT_STORE_KEY"])
+    assert runner.run(workers.log_and_hold, seconds=0, extra_var="ARTIFACT_STORE_KEY") == {
+        "rank": 0, "password_here": True}
     out = capsys.readouterr().out
     # rank 1's environment did not inherit the driver's, though it runs on the same host
     assert "[0]<log>: password here: True" in out and "[1]<log>: password here: False" in out
+    assert "[0]<log>: ARTIFACT_STORE_KEY here: True" in out
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == ADMIN_PASSWORD  # the driver's, intact
     client = mlflow.MlflowClient()
     run = client.get_run(runner.last_run_id)
     assert run.info.status == "FINISHED"
@@ -78,11 +82,17 @@ def test_a_torch_job_resumed_after_a_failure_and_a_sweep_log_through_the_auth_se
     as_admin: str, tmp_path: Path,
 ) -> None:
     runner = HorovodRunner(np=-2, max_failures=1, stop_grace=2)
-    runner.run(digits_torch.train, epochs=2, fail_at_epoch=1)
+    result = runner.run(digits_torch.train, epochs=2, fail_at_epoch=1)
+    assert len(set(result["checksums"])) == 1
     client = mlflow.MlflowClient()
     run = client.get_run(runner.last_run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run.info.run_id}@epoch_0"
+    # epoch 0 from the first attempt, 1 from the second: none repeated, none skipped
+    for key in ("loss", "val_loss"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0, 1]
+    assert [m.step for m in client.get_metric_history(run.info.run_id,
+                                                      "mlflow_hvd.attempt")] == [0, 1]
     (model_out,) = run.outputs.model_outputs
     # a third process holding the credentials loads the model
     code = ("import mlflow.pytorch, torch; "
@@ -119,3 +129,13 @@ def test_credentials_are_sealed_and_never_shown() -> None:
 
     with pytest.raises(InvalidTag):  # another job's secret opens nothing
         unseal(b"x" * 32, sealed)
+
+
+def test_tracking_env_must_name_variables() -> None:
+    from mlflow_hvd import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as info:
+        HorovodRunner(np=-2, tracking_env="AWS_ACCESS_KEY_ID")  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "tracking_env must be a list of environment variable names, e.g. "
+        "['AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY'], got 'AWS_ACCESS_KEY_ID'")

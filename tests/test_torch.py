@@ -1,5 +1,7 @@
-"""PyTorch training functions (horovod.torch) under HorovodRunner: local ranks, Spark barrier
-tasks, rank-0 tracking, checkpoints and resume, a model another process loads."""
+"""PyTorch training functions (horovod.torch) under HorovodRunner: rank-0 tracking,
+checkpoints, a model another process loads, MLflow's own API. (A retried job resumed from
+its checkpoint and a sweep of torch trials: tests/test_auth.py; 4 Spark ranks on two hosts:
+tests/test_cluster.py; `mlflow run` of the example: tests/test_project.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import workers
 from conftest import REPO
 
 from mlflow_hvd import HorovodRunner, WorkerFailedError
-from mlflow_hvd.sweep import sweep
 
 pytestmark = pytest.mark.slow
 
@@ -85,21 +86,6 @@ def test_two_local_ranks_train_as_one_and_log_checkpoints_and_a_model_another_pr
     assert accuracy > 0.5  # ten classes: chance is 0.1
 
 
-def test_a_failed_attempt_resumes_from_the_last_torch_checkpoint(store: str) -> None:
-    runner = HorovodRunner(np=-2, max_failures=1, stop_grace=2)
-    result = runner.run(digits_torch.train, epochs=3, fail_at_epoch=2, log_model=False)
-    assert len(set(result["checksums"])) == 1
-    client = mlflow.MlflowClient()
-    run = client.get_run(runner.last_run_id)
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run.info.run_id}@epoch_1"
-    # epochs 0 and 1 from the first attempt, 2 from the second: none repeated, none skipped
-    for key in ("loss", "val_loss"):
-        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0, 1, 2]
-    assert [m.step for m in client.get_metric_history(run.info.run_id,
-                                                      "mlflow_hvd.attempt")] == [0, 1]
-
-
 def test_mlflows_own_pytorch_api_logs_from_rank_0_only(store: str, warm_ranks: Any) -> None:
     result = warm_ranks.run(workers.torch_with_mlflows_own_api)
     run_id = warm_ranks.last_run_id
@@ -118,23 +104,6 @@ def test_mlflows_own_pytorch_api_logs_from_rank_0_only(store: str, warm_ranks: A
     assert "model.pth" in _model_files(result["pickled_id"])
     doubler = mlflow.pytorch.load_model(f"models:/{result['pickled_id']}")
     assert doubler(torch.ones(2)).tolist() == [2.0, 2.0]
-
-
-def test_a_sweep_of_torch_trials(store: str) -> None:
-    from hyperopt import hp
-
-    result = sweep(digits_torch.train, {"learning_rate": hp.loguniform("lr", -7, -4)},
-                   max_evals=2, np=-2, fixed_params={"epochs": 1, "log_model": False})
-    assert result.trials == 2 and result.failed_trials == 0
-    client = mlflow.MlflowClient()
-    children = client.search_runs(
-        [client.get_run(result.parent_run_id).info.experiment_id],
-        f"tags.mlflow.parentRunId = '{result.parent_run_id}'")
-    assert len(children) == 2
-    for child in children:
-        assert child.info.status == "FINISHED"
-        assert child.data.params["framework"] == "pytorch"
-        assert [m.step for m in client.get_metric_history(child.info.run_id, "val_loss")] == [0]
 
 
 def test_a_keras_checkpoint_is_not_resumed_as_a_torch_one(store: str) -> None:

@@ -702,9 +702,10 @@ def torch_with_mlflows_own_api() -> dict[str, Any]:
             "size": hvd.size()}
 
 
-def log_and_hold(seconds: float) -> dict[str, Any]:
+def log_and_hold(seconds: float, extra_var: str = "") -> dict[str, Any]:
     """Rank 0 logs a metric and an artifact (flushed: through the server, now); every rank
-    then says it is holding and sleeps, for a test to look at its processes."""
+    says whether it has the tracking password (and ``extra_var``), then that it is holding,
+    and sleeps, for a test to look at its processes."""
     import mlflow_hvd
     from mlflow_hvd import tracking
 
@@ -714,6 +715,8 @@ def log_and_hold(seconds: float) -> dict[str, Any]:
     tracking.flush()
     here = bool(os.environ.get("MLFLOW_TRACKING_PASSWORD"))
     mlflow_hvd.log_to_driver(f"password here: {here}")
+    if extra_var:
+        mlflow_hvd.log_to_driver(f"{extra_var} here: {bool(os.environ.get(extra_var))}")
     if rank == 0:
         mlflow_hvd.log_to_driver("holding")
     time.sleep(seconds)

@@ -8,6 +8,7 @@ files 0600), which the rank's agent removes when the worker exits, however it ex
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -64,10 +65,8 @@ def remove(applied: Applied | None) -> None:
     if applied is None:
         return
     for path in applied.files:
-        try:
+        with contextlib.suppress(FileNotFoundError):  # gone with the rank's directory
             os.remove(path)
-        except FileNotFoundError:
-            pass
     for name, value in applied.previous.items():
         if value is None:
             os.environ.pop(name, None)

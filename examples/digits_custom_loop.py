@@ -75,4 +75,6 @@ def train(epochs: int = 3, batch_size: int = 32, learning_rate: float = 0.001,
         if hvd.rank() == 0:  # 8. one rank talks
             mlflow_hvd.log_to_driver(f"epoch {epoch + 1}/{epochs} loss={mean_loss:.4f} "
                                      f"val_accuracy={accuracy:.4f}")
+        if tracking.should_prune():  # a sweep that prunes stops every rank here
+            break
     return {"val_accuracy": accuracy, "loss": mean_loss}

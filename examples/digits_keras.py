@@ -189,6 +189,7 @@ def train(
     tracking.log_metrics({"test_loss": loss, "test_accuracy": accuracy,
                           "train_seconds": now - started,  # imports and data included
                           "fit_evaluate_seconds": now - fit_started}, step=epochs - 1)
-    if log_model:  # rank 0 logs it; its signature is the model's declared input and output
+    # (a trial a sweep pruned needs no model: MlflowCallback ended fit early on every rank)
+    if log_model and not tracking.was_pruned():  # rank 0 logs it, with its signature
         tracking.log_model(model, name="model")
     return {"test_loss": float(loss), "test_accuracy": float(accuracy), "epochs": epochs}

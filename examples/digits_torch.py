@@ -173,10 +173,13 @@ def train(
         if hvd.rank() == 0:
             mlflow_hvd.log_to_driver(f"epoch {epoch + 1}/{epochs} loss={mean_loss:.4f} "
                                      f"val_loss={val_loss:.4f} val_accuracy={val_accuracy:.4f}")
+        # In a sweep that prunes, every rank learns whether to stop here (a collective).
+        if tracking.should_prune():
+            break
     test_loss, test_accuracy = evaluate(x_test, y_test)
     tracking.log_metrics({"test_loss": test_loss, "test_accuracy": test_accuracy},
                          step=epochs - 1)
-    if log_model:  # rank 0 logs it; a third process loads it with mlflow.pytorch.load_model
+    if log_model and not tracking.was_pruned():  # rank 0 logs it; mlflow.pytorch loads it
         model.eval()  # with an input example: MLflow's pt2 format (torch.export), no pickle
         example = np.ascontiguousarray(x_test[:4].transpose(0, 3, 1, 2))
         hvd_torch.log_model(model, name="model", input_example=example)

@@ -34,6 +34,7 @@ from mlflow_hvd.protocol.messages import Code, TrackingTarget, UndeliveredTracki
 
 if TYPE_CHECKING:
     from mlflow_hvd.driver.pool import RankPool
+    from mlflow_hvd.driver.tracking.epochs import EpochJudge
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,10 @@ class HorovodRunner:
         self.last_job_id: str | None = None
         self.last_run_id: str | None = None
         """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
+        self.epoch_judge: EpochJudge | None = None
+        """What decides after each epoch whether a run goes on (set by
+        :func:`mlflow_hvd.sweep.sweep` when it prunes trials; None: every run trains to
+        its end). Rank 0 reports ``epoch_judge.metric`` as it is logged with a step."""
 
     @property
     def np(self) -> int:
@@ -301,15 +306,18 @@ class HorovodRunner:
                 os.environ, self._tracking_env))
             target = dataclasses.replace(target,
                                          authenticated=settings.credentials is not None)
+            if self.epoch_judge is not None:  # rank 0 reports the judged metric per epoch
+                target = dataclasses.replace(target, prune_metric=self.epoch_judge.metric)
         payload = dumps_payload(code, target, attempt)
         description = f"HorovodRunner(np={self.num_processor}).run({_name(main)})" + (
             f" attempt {attempt}" if attempt else ""
         )
         writes = None  # rank 0's metrics, params and tags: the driver writes them
         if target is not None:
+            from mlflow_hvd.driver.tracking.epochs import rank0_requests
             from mlflow_hvd.driver.tracking.relay import Relay
 
-            writes = Relay(target).answer
+            writes = rank0_requests(Relay(target).answer, self.epoch_judge, target.run_id)
         if self._pool is not None:
             value = self._pool.run(payload, description, sys.stdout, job_id,
                                    self._save_undelivered, settings, writes)

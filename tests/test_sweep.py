@@ -163,4 +163,4 @@ def test_a_sweep_whose_every_trial_fails_says_so(store: str, tmp_path: Path) -> 
 def test_metric_must_be_named(store: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         sweep(workers.quadratic_trial, SPACE, max_evals=1, np=-1, metric="")
-    assert str(info.value) == "metric must name the metric to minimise, e.g. 'val_loss'"
+    assert str(info.value) == "metric must name the metric to optimise, e.g. 'val_loss'"

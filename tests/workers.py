@@ -721,3 +721,48 @@ def log_and_hold(seconds: float, extra_var: str = "") -> dict[str, Any]:
         mlflow_hvd.log_to_driver("holding")
     time.sleep(seconds)
     return {"rank": rank, "password_here": here}
+
+
+def curve_of(lr: float, epoch: int) -> float:
+    """The synthetic trial's val_loss after 0-based ``epoch``: a fixed curve per ``lr``."""
+    return (lr - 0.3) ** 2 + 1.0 / (epoch + 1)
+
+
+def curve_trial(lr: float, epochs: int = 6, report: bool = True, obey: bool = True,
+                fail_at_epoch: int | None = None, fail_above: float = -1.0) -> int:
+    """A sweep trial on horovod.torch whose val_loss per epoch is :func:`curve_of`.
+
+    Every epoch ends in an allreduce, so ranks that left at different epochs would hang.
+    ``report=False`` logs val_loss only once, without a step; ``obey=False`` never asks
+    :func:`should_prune`. ``fail_at_epoch`` makes the first attempt of a trial whose ``lr``
+    is above ``fail_above`` fail at the start of that epoch; a restart resumes after the
+    last checkpoint (``mlflow_hvd.torch``). Rank 0
+    tags the epochs every rank trained (``epochs_by_rank``); returns its own count.
+    """
+    import horovod.torch as hvd
+    import torch
+
+    import mlflow_hvd
+    from mlflow_hvd import torch as hvd_torch
+    from mlflow_hvd import tracking
+
+    hvd.init()
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = hvd_torch.restore_from_checkpoint(model, optimizer)
+    trained = 0
+    for epoch in range(start, epochs):
+        if fail_at_epoch == epoch and lr > fail_above and mlflow_hvd.attempt() == 0:
+            raise RuntimeError(f"injected failure at the start of epoch {epoch}")
+        hvd.allreduce(torch.ones(1), name=f"epoch.{epoch}")
+        trained += 1
+        value = curve_of(lr, epoch)
+        if report:
+            hvd_torch.save_checkpoint(model, optimizer, epoch, epoch, {"val_loss": value})
+        if obey and tracking.should_prune():
+            break
+    if not report:
+        tracking.log_metric("val_loss", curve_of(lr, epochs - 1))
+    counts = hvd.allgather_object(start + trained)
+    tracking.set_tag("epochs_by_rank", ",".join(map(str, counts)))
+    return start + trained

@@ -44,6 +44,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--space", default="default", help="JSON file with the search space, or 'default'"
     )
     p.add_argument("--metric", default="val_loss")
+    p.add_argument(
+        "--mode",
+        choices=("auto", "min", "max"),
+        default="auto",
+        help="minimise or maximise the metric; 'auto': 'max' for accuracy-like names",
+    )
+    p.add_argument(
+        "--prune",
+        choices=("none", "median", "asha"),
+        default="none",
+        help="stop losing trials at an epoch boundary: median stopping or successive halving",
+    )
+    p.add_argument(
+        "--grace-epochs",
+        type=whole_number,
+        default=1,
+        help="epochs every trial trains before it can be pruned",
+    )
     p.add_argument("--seed", type=whole_number, default=0)
     p.add_argument(
         "--early-stop-rounds",
@@ -74,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_np(args.np)
         check_positive_int("epochs", args.epochs)
+        check_positive_int("grace_epochs", args.grace_epochs)
         spec = DEFAULT_SPACE
         if args.space and args.space != "default":
             with open(args.space) as f:
@@ -100,11 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         },
         runner_options=runner_options(args),
         warm=args.warm == "true",
+        prune=None if args.prune == "none" else args.prune,
+        grace_epochs=args.grace_epochs,
+        mode=None if args.mode == "auto" else args.mode,
     )
+    pruned = (f"; {result.pruned_trials} pruned, {result.epochs_trained} epochs trained, "
+              f"{result.epochs_saved} saved" if args.prune != "none" else "")
     print(
         f"\nsweep run {result.parent_run_id}: {result.trials} trials "
-        f"({result.failed_trials} failed); best {args.metric} {result.best_loss:.4f} with "
-        f"{result.best_params} (run {result.best_run_id})"
+        f"({result.failed_trials} failed{pruned}); best {args.metric} {result.best_loss:.4f} "
+        f"with {result.best_params} (run {result.best_run_id})"
     )
     return 0
 

@@ -21,6 +21,7 @@ from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.protocol.credentials import Credentials, seal
 from mlflow_hvd.protocol.messages import (
     AskCredentials,
+    EpochReport,
     Launch,
     LayoutReport,
     Retire,
@@ -31,7 +32,9 @@ from mlflow_hvd.protocol.messages import (
 
 log = logging.getLogger(__name__)
 
-TrackingWriter = Callable[[TrackingWrite], object]  # a TrackingWritten, or Retire
+# Answers rank 0's tracking requests: a TrackingWrite (-> TrackingWritten) and, in a job
+# that prunes, an EpochReport (-> EpochVerdict); Retire for what it does not handle
+TrackingWriter = Callable[[TrackingWrite | EpochReport], object]
 
 
 def run_job(
@@ -169,14 +172,15 @@ def request_router(
     on_layout: Callable[[LayoutReport], object] | None = None,
     on_credentials: Callable[[AskCredentials], object] | None = None,
 ) -> Callable[[object], object]:
-    """Who answers each request: rank 0's tracking writes go to ``on_tracking_write``, a
+    """Who answers each request: rank 0's tracking writes and epoch reports go to
+    ``on_tracking_write``, a
     Spark task's layout to ``on_layout``, rank 0's request for the driver's MLflow client
     settings to ``on_credentials``, others to ``on_other``; ``Retire`` when nobody handles it
     (rank 0 then reports its records refused; a task starts no worker; rank 0 goes on
     without settings)."""
 
     def on_request(request: object) -> object:
-        if isinstance(request, TrackingWrite):
+        if isinstance(request, TrackingWrite | EpochReport):
             return on_tracking_write(request) if on_tracking_write is not None else Retire()
         if isinstance(request, LayoutReport):
             return on_layout(request) if on_layout is not None else Retire()

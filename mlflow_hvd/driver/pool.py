@@ -45,6 +45,7 @@ from mlflow_hvd.errors import BackendError, JobNotStartedError, WorkerFailedErro
 from mlflow_hvd.protocol.credentials import Credentials
 from mlflow_hvd.protocol.messages import (
     AwaitJob,
+    EpochReport,
     NextJob,
     RankDisconnected,
     Retire,
@@ -133,8 +134,8 @@ class _Generation:
             gpu_resource=self.settings.gpu_resource,
         )
 
-    def _write(self, request: TrackingWrite) -> object:
-        """Rank 0's tracking write, answered by the current job's writer."""
+    def _write(self, request: TrackingWrite | EpochReport) -> object:
+        """Rank 0's tracking write or epoch report, answered by the current job's writer."""
         writer = self.on_tracking_write
         return writer(request) if writer is not None else Retire()
 

@@ -11,11 +11,14 @@ from mlflow_hvd.common import scratch
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.rank.context import attempt
 from mlflow_hvd.rank.tracking import api as tracking_api
-from mlflow_hvd.rank.tracking import checkpoints, fluent
+from mlflow_hvd.rank.tracking import checkpoints, fluent, pruning
 
 
 class MlflowCallback(keras.callbacks.Callback):
     """Rank 0 logs params once, metrics per epoch (step = epoch) and a checkpoint per epoch.
+
+    In a sweep that prunes (``sweep(prune=...)``) every rank also asks, after each epoch,
+    whether the sweep stops this trial, and ``fit`` ends there on every rank alike.
 
     Place it after :class:`~mlflow_hvd.keras.MetricAverageCallback` so the logged metrics
     are global averages. On other ranks it does nothing.
@@ -83,9 +86,13 @@ class MlflowCallback(keras.callbacks.Callback):
             )
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if not tracking_api.is_logging_rank():
-            return
-        metrics = {k: float(v) for k, v in (logs or {}).items()}
+        if tracking_api.is_logging_rank():
+            self._log_epoch(epoch, {k: float(v) for k, v in (logs or {}).items()})
+        # in a sweep that prunes, every rank leaves fit after the same epoch (a collective)
+        if pruning.should_prune():
+            self.model.stop_training = True
+
+    def _log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         # with MLflow's autolog on, autolog logs the epoch's metrics (same keys, step =
         # epoch): logging them here too would put every value in the run twice
         log_metrics = not fluent.autologging()
@@ -95,6 +102,8 @@ class MlflowCallback(keras.callbacks.Callback):
                              log_metrics=log_metrics)
         elif log_metrics:
             tracking_api.log_metrics(metrics, step=epoch)
+        if not log_metrics:  # autolog writes them, the sweep's pruning still hears them
+            pruning.observe(metrics, epoch)
 
 
 def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> int:

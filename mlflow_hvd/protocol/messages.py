@@ -63,6 +63,9 @@ class TrackingTarget:
     # Whether the driver hands rank 0 MLflow client settings (credentials): only rank 0
     # can then write, so the other nodes log no system metrics
     authenticated: bool = False
+    # The metric whose per-epoch values rank 0 reports to the driver as they are logged
+    # (:class:`EpochReport`: a sweep that prunes trials); "" for a job without pruning
+    prune_metric: str = ""
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,29 @@ class TrackingWritten:
 
     error: str = ""
     outage: bool = False
+
+
+@dataclass(frozen=True)
+class EpochReport(Request):
+    """Rank 0 -> driver: the job's pruning metric (``TrackingTarget.prune_metric``) was
+    logged at ``step`` with ``value``; may training go on? Answered with
+    :class:`EpochVerdict` (or :class:`Retire` by a driver that does not prune)."""
+
+    run_id: str
+    key: str
+    step: int
+    value: float
+
+
+@dataclass(frozen=True)
+class EpochVerdict:
+    """Driver -> rank 0: the answer to :class:`EpochReport`. ``prune``: stop training at
+    this epoch boundary; ``epoch``: how many epochs the trial has completed (the report's
+    rank among its distinct steps); ``reason`` says why, for the log."""
+
+    prune: bool
+    epoch: int
+    reason: str = ""
 
 
 JOB_END_MARK = "\x00mlflow_hvd: job done\x00"

@@ -7,26 +7,35 @@ import tempfile
 from typing import Any
 
 
-def plot_losses(client: Any, run_id: str, losses: tuple[float | None, ...], metric: str) -> None:
-    """PNG of the loss per trial, failures as x at the bottom, the best ringed."""
+def plot_losses(client: Any, run_id: str, losses: tuple[float | None, ...], metric: str,
+                pruned: tuple[bool, ...] = (), maximised: bool = False) -> None:
+    """PNG of the metric per trial, failures as x at the bottom, pruned trials (their value
+    at the epoch they stopped after) as hollow triangles, the best trial ringed."""
     # A bare Figure renders with Agg and leaves the caller's pyplot backend alone.
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(6, 3.5), dpi=100)
     ax = fig.subplots()
+    cut = [i < len(pruned) and pruned[i] for i in range(len(losses))]
     xs = [i for i, v in enumerate(losses) if v is not None]
     ys = [v for v in losses if v is not None]
-    ax.plot(xs, ys, "o-", color="tab:blue", label=metric)
+    full = [(i, v) for i, v in zip(xs, ys, strict=True) if not cut[i]]
+    ax.plot([i for i, _ in full], [v for _, v in full], "o-", color="tab:blue", label=metric)
+    early = [(i, v) for i, v in zip(xs, ys, strict=True) if cut[i]]
+    if early:
+        ax.plot([i for i, _ in early], [v for _, v in early], "v", color="tab:orange",
+                markerfacecolor="none", label="pruned trial (value when stopped)")
     failed = [i for i, v in enumerate(losses) if v is None]
     if failed:
         low = min(ys) if ys else 0.0
         ax.plot(failed, [low] * len(failed), "x", color="tab:red", label="failed trial")
-    if ys:
-        b = xs[ys.index(min(ys))]
+    if full:
+        b, best = min(full, key=lambda iv: iv[1]) if not maximised else max(
+            full, key=lambda iv: iv[1])
         ax.plot(
             [b],
-            [min(ys)],
+            [best],
             "o",
             markersize=14,
             markerfacecolor="none",

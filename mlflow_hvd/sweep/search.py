@@ -23,6 +23,7 @@ from mlflow_hvd.driver.tracking.run import store_lock
 from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
 from mlflow_hvd.runner import HorovodRunner
 from mlflow_hvd.sweep.plot import plot_losses
+from mlflow_hvd.sweep.pruning import History, Rule, TrialJudge, describe, make_rule
 from mlflow_hvd.sweep.space import plain, validate_space
 from mlflow_hvd.sweep.trials_store import load_trials, save_trials
 
@@ -38,11 +39,16 @@ class SweepResult:
     Attributes:
         parent_run_id: The sweep's MLflow run.
         best_params: Sampled params of the best trial (real Python types).
-        best_loss: Its loss (value of the named metric).
+        best_loss: Its value of the sweep's metric (the lowest, or the highest when the
+            metric is maximised), from the trials that were not pruned.
         best_run_id: The best trial's child run.
         trials: Number of trials in the sweep (including resumed ones).
         failed_trials: How many of them failed.
-        losses: Loss of every trial in order, None for failed ones.
+        losses: The metric's last value in every trial, in order; None for failed ones.
+        pruned_trials: How many trials were pruned.
+        epochs_trained: Epochs trained by all trials (as reported per epoch; 0 without
+            pruning, which does not count them).
+        epochs_saved: Epochs the pruned trials did not train.
     """
 
     parent_run_id: str
@@ -52,6 +58,9 @@ class SweepResult:
     trials: int
     failed_trials: int
     losses: tuple[float | None, ...] = field(default=())
+    pruned_trials: int = 0
+    epochs_trained: int = 0
+    epochs_saved: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,16 @@ class _Plan:
     fixed: dict[str, Any]
     runner_options: dict[str, Any]
     warm: bool = True
+    rule: Rule | None = None
+    sign: float = 1.0  # +1: the metric is minimised; -1: maximised (hyperopt's loss = -value)
+
+
+@dataclass
+class _Notes:
+    """What the sweep said once (not per trial)."""
+
+    no_metric: bool = False
+    ignored: bool = False
 
 
 def sweep(
@@ -83,13 +102,24 @@ def sweep(
     fixed_params: Mapping[str, Any] | None = None,
     runner_options: Mapping[str, Any] | None = None,
     warm: bool = True,
+    prune: str | Rule | None = None,
+    grace_epochs: int = 1,
+    mode: str | None = None,
 ) -> SweepResult:
-    """Minimise ``metric`` over ``space`` with TPE, one distributed trial at a time.
+    """Optimise ``metric`` over ``space`` with TPE, one distributed trial at a time.
 
     Each trial calls ``HorovodRunner(np=np, **runner_options).run(train_fn, **params,
-    **fixed_params)`` inside a child MLflow run; its loss is the last value of ``metric``
-    that rank 0 logged there. A trial whose ranks fail becomes a FAILED child run and a
-    ``STATUS_FAIL`` trial; the sweep goes on. Ctrl-C marks the trial and the parent KILLED.
+    **fixed_params)`` inside a child MLflow run; its result is the last value of ``metric``
+    that rank 0 logged there (hyperopt's loss: that value, or minus it when maximising). A
+    trial whose ranks fail becomes a FAILED child run and a ``STATUS_FAIL`` trial; the
+    sweep goes on. Ctrl-C marks the trial and the parent KILLED.
+
+    With ``prune``, rank 0 reports ``metric`` to the driver each time it is logged with a
+    step (``MlflowCallback``, ``tracking.log_metrics(..., step=epoch)``); after each epoch
+    the driver compares the trial with the earlier ones and may stop it there: every rank
+    leaves training after that epoch (``MlflowCallback``, or ``tracking.should_prune()`` in
+    a custom loop), the child run ends FINISHED with the tag
+    ``mlflow_hvd.sweep.pruned_at_epoch``, and its loss is the metric's value at that epoch.
 
     With ``warm`` (default) the trials share one set of ranks (``with HorovodRunner``):
     each trial after the first starts in under a second instead of paying for new
@@ -103,9 +133,18 @@ def sweep(
             of hyperopt's ``no_progress_loss``); None: run all ``max_evals``.
         parent_run_id: Resume this sweep run (its saved trials are not repeated). Default:
             the active run, else a new parent run.
+        prune: ``"median"`` (stop a trial whose best value so far is worse than the median of
+            the earlier trials at the same epoch, once 3 trials finished), ``"asha"``
+            (successive halving, rungs at ``grace_epochs * 3**k``: past a rung only the top
+            third), a :class:`~mlflow_hvd.sweep.MedianRule` / :class:`~mlflow_hvd.sweep.AshaRule`
+            with other settings, or None (every trial trains to its end).
+        grace_epochs: Epochs every trial trains before it can be pruned.
+        mode: ``"min"`` or ``"max"``; default: ``"max"`` when the metric's name says
+            accuracy, AUC, precision, recall, F1, R2 or score, else ``"min"``.
 
     Raises:
-        ConfigurationError: Bad space, max_evals, metric or np, before any trial starts.
+        ConfigurationError: Bad space, max_evals, metric, mode, prune or np, before any
+            trial starts.
         TrackingError: The parent run has saved trials that cannot be read.
         MlflowHvdError: Every trial failed.
     """
@@ -121,6 +160,9 @@ def sweep(
         fixed_params,
         runner_options,
         warm,
+        prune,
+        grace_epochs,
+        mode,
     )
     with sigterm_interrupts():  # SIGTERM ends the sweep and its trial KILLED, like Ctrl-C
         return _sweep(plan, parent_run_id)
@@ -172,12 +214,17 @@ def _validate(
     fixed_params: Mapping[str, Any] | None,
     runner_options: Mapping[str, Any] | None,
     warm: bool = True,
+    prune: str | Rule | None = None,
+    grace_epochs: int = 1,
+    mode: str | None = None,
 ) -> _Plan:
     check_positive_int("max_evals", max_evals)
     if early_stop_rounds is not None:
         check_positive_int("early_stop_rounds", early_stop_rounds)
-    if not metric:
-        raise ConfigurationError("metric must name the metric to minimise, e.g. 'val_loss'")
+    if not metric or not isinstance(metric, str):
+        raise ConfigurationError("metric must name the metric to optimise, e.g. 'val_loss'")
+    sign = -1.0 if direction(metric, mode) == "max" else 1.0
+    rule = make_rule(prune, grace_epochs)
     validate_space(space, seed)
     HorovodRunner(np=np, **dict(runner_options or {}))  # validates np and options now
     return _Plan(
@@ -191,7 +238,25 @@ def _validate(
         dict(fixed_params or {}),
         dict(runner_options or {}),
         bool(warm),
+        rule,
+        sign,
     )
+
+
+MAXIMISED = ("acc", "auc", "precision", "recall", "f1", "r2", "score")
+
+
+def direction(metric: str, mode: str | None) -> str:
+    """``mode`` if given ("min" or "max"), else "max" for a name that says accuracy, AUC,
+    precision, recall, F1, R2 or score (and not loss or error), else "min"."""
+    if mode is not None:
+        if mode not in ("min", "max"):
+            raise ConfigurationError(f"mode must be 'min', 'max' or None, got {mode!r}")
+        return mode
+    name = metric.lower()
+    if "loss" in name or "error" in name:
+        return "min"
+    return "max" if any(word in name for word in MAXIMISED) else "min"
 
 
 def _describe_parent(client: Any, parent_id: str, plan: _Plan) -> None:
@@ -206,6 +271,8 @@ def _describe_parent(client: Any, parent_id: str, plan: _Plan) -> None:
             "seed": plan.seed,
             "algo": "tpe",
             "early_stop_rounds": plan.early_stop_rounds,
+            "mode": "max" if plan.sign < 0 else "min",
+            **describe(plan.rule),
         },
     )
     client.log_text(
@@ -223,8 +290,11 @@ def _run_trials(
     from hyperopt import fmin, tpe
     from hyperopt.exceptions import AllTrialsFailed
 
+    notes = _Notes()
+
     def objective(params: dict[str, Any]) -> dict[str, Any]:
-        return run_trial(client, len(trials.trials) - 1, params, plan, runner)
+        done = trials.results[:-1]  # hyperopt already holds this trial's empty result
+        return run_trial(client, len(trials.trials) - 1, params, plan, runner, done, notes)
 
     for n in range(len(trials.trials) + 1, plan.max_evals + 1):
         # One evaluation per call, with an rng that depends only on (seed, n): the same
@@ -251,26 +321,44 @@ def _run_trials(
 
 
 def run_trial(
-    client: Any, index: int, params: dict[str, Any], plan: _Plan, runner: HorovodRunner
+    client: Any,
+    index: int,
+    params: dict[str, Any],
+    plan: _Plan,
+    runner: HorovodRunner,
+    done: list[dict[str, Any]] | None = None,
+    notes: _Notes | None = None,
 ) -> dict[str, Any]:
-    """One trial as a child run: the distributed job, then its loss (hyperopt's result)."""
+    """One trial as a child run: the distributed job, then its loss (hyperopt's result).
+
+    ``done``: the results of the trials before it, which a pruning rule compares it with.
+    """
     import mlflow
     from hyperopt import STATUS_FAIL, STATUS_OK
 
     values = {k: plain(v) for k, v in params.items()}
+    run_params = {**trial_params(plan), **values}
+    judge = None
+    if plan.rule is not None:
+        judge = TrialJudge(plan.rule, History.from_results(done or [], plan.sign),
+                           plan.metric, plan.sign, _planned_epochs(run_params))
     with mlflow.start_run(nested=True, run_name=f"trial-{index}") as child:
         run_id = child.info.run_id
         client.set_tag(run_id, f"{TAG}trial", str(index))
         # every argument of the trial, not only the sampled ones: trials and plain runs of
         # the same function share one set of columns in the MLflow UI
-        mlflow.log_params({**trial_params(plan), **values})
+        mlflow.log_params(run_params)
         t0 = time.monotonic()
+        runner.epoch_judge = judge
         try:
             runner.log_prefix = f"[trial {index}]"
             runner.run(plan.train_fn, **values, **plan.fixed)
         except MlflowHvdError as exc:
             mlflow.end_run("FAILED")
-            return {"status": STATUS_FAIL, "error": str(exc).splitlines()[0], "run_id": run_id}
+            return {"status": STATUS_FAIL, "error": str(exc).splitlines()[0], "run_id": run_id,
+                    **_judged(judge, index, plan, notes)}
+        finally:
+            runner.epoch_judge = None
         wall = time.monotonic() - t0
         history = client.get_metric_history(run_id, plan.metric)
         if not history:
@@ -278,11 +366,47 @@ def run_trial(
             return {
                 "status": STATUS_FAIL,
                 "run_id": run_id,
-                "error": f"the trial logged no metric {plan.metric!r} to minimise",
+                "error": f"the trial logged no value of the metric {plan.metric!r}",
             }
-        loss = float(max(history, key=lambda m: (m.step, m.timestamp)).value)
+        value = float(max(history, key=lambda m: (m.step, m.timestamp)).value)
+        judged = _judged(judge, index, plan, notes)
+        if judged.get("pruned_at_epoch"):
+            client.set_tag(run_id, f"{TAG}pruned_at_epoch", str(judged["pruned_at_epoch"]))
         mlflow.log_metric("trial_wall_seconds", wall)
-        return {"status": STATUS_OK, "loss": loss, "run_id": run_id}
+        return {"status": STATUS_OK, "loss": plan.sign * value, "value": value,
+                "run_id": run_id, **judged}
+
+
+def _judged(judge: TrialJudge | None, index: int, plan: _Plan,
+            notes: _Notes | None) -> dict[str, Any]:
+    """What the trial's pruning judge saw, for its hyperopt result; says once per sweep
+    when a trial gave the judge nothing to work with or trained on past a stop."""
+    if judge is None:
+        return {}
+    outcome = judge.outcome()
+    notes = notes or _Notes()
+    if not outcome.curve and not notes.no_metric:
+        notes.no_metric = True
+        log.warning(
+            "mlflow_hvd: sweep prune=%r: trial %d logged no value of %r with a step, so it "
+            "cannot be pruned (nor any trial like it): log it per epoch with MlflowCallback "
+            "or mlflow_hvd.tracking.log_metrics({%r: value}, step=epoch)",
+            plan.rule.name if plan.rule else None, index, plan.metric, plan.metric)
+    if outcome.ignored_at_epoch and not notes.ignored:
+        notes.ignored = True
+        log.warning(
+            "mlflow_hvd: trial %d was to stop after epoch %d but trained on: call "
+            "mlflow_hvd.tracking.should_prune() on every rank after each epoch's metrics "
+            "are logged and leave the loop when it returns True (MlflowCallback does)",
+            index, outcome.ignored_at_epoch)
+    return {"curve": list(outcome.curve), "pruned_at_epoch": outcome.pruned_at_epoch,
+            "planned_epochs": judge.max_epochs}
+
+
+def _planned_epochs(run_params: Mapping[str, Any]) -> int | None:
+    """How many epochs the trial is set to train: its ``epochs`` argument, if it has one."""
+    epochs = run_params.get("epochs")
+    return epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None
 
 
 def trial_params(plan: _Plan) -> dict[str, Any]:
@@ -306,8 +430,9 @@ def trial_params(plan: _Plan) -> dict[str, Any]:
 def no_progress(results: list[dict[str, Any]], rounds: int) -> bool:
     """hyperopt's ``no_progress_loss`` rule (no new best loss for ``rounds`` trials), as a
     pure function of the trial history so that it holds across a resume, and with failed
-    trials counted as no progress (hyperopt's own raises on them)."""
-    losses = [r.get("loss") for r in results]
+    and pruned trials counted as no progress (hyperopt's own raises on failed ones)."""
+    # a pruned trial's value is from an early epoch: never a new best
+    losses = [None if r.get("pruned_at_epoch") else r.get("loss") for r in results]
     best_at = None
     best = math.inf
     for i, loss in enumerate(losses):
@@ -331,25 +456,65 @@ def _summarise(client: Any, parent_id: str, trials: Any, plan: _Plan) -> SweepRe
         for t, r in zip(trials.trials, trials.results, strict=True)
         if r.get("status") == STATUS_OK
     ]
-    losses = tuple(r.get("loss") for r in trials.results)
-    failed = len(trials.results) - len(ok)
-    plot_losses(client, parent_id, losses, plan.metric)
+    results = trials.results
+    values = tuple(_value(r, plan) for r in results)
+    pruned = [r for r in results if r.get("pruned_at_epoch")]
+    failed = len(results) - len(ok)
+    plot_losses(client, parent_id, values, plan.metric,
+                tuple(bool(r.get("pruned_at_epoch")) for r in results), plan.sign < 0)
+    if plan.rule is not None:
+        trained, saved = _epochs(results)
+        client.log_metric(parent_id, "trials_pruned", len(pruned))
+        client.log_metric(parent_id, "epochs_trained", trained)
+        client.log_metric(parent_id, "epochs_saved", saved)
+    else:
+        trained = saved = 0
     if not ok:
         client.set_tag(parent_id, f"{TAG}best_run_id", "")
-        raise MlflowHvdError(f"all {len(trials.results)} trials failed; see the child runs")
-    best_trial, best = min(ok, key=lambda tr: tr[1]["loss"])
+        raise MlflowHvdError(f"all {len(results)} trials failed; see the child runs")
+    # the best of the trials that trained to their end (a pruned trial's value is from an
+    # earlier epoch); of the pruned ones only if none did
+    candidates = [tr for tr in ok if not tr[1].get("pruned_at_epoch")] or ok
+    best_trial, best = min(candidates, key=lambda tr: tr[1]["loss"])
     vals = {k: v[0] for k, v in best_trial["misc"]["vals"].items() if v}
     best_params = {k: plain(v) for k, v in space_eval(plan.space, vals).items()}
+    best_value = _value(best, plan)
+    assert best_value is not None  # an ok trial has a loss
     _log_params_once(client, parent_id, {f"best_{k}": v for k, v in best_params.items()})
-    client.log_metric(parent_id, f"best_{plan.metric}", best["loss"])
+    client.log_metric(parent_id, f"best_{plan.metric}", best_value)
     client.set_tag(parent_id, f"{TAG}best_run_id", best["run_id"])
     client.set_tag(parent_id, f"{TAG}failed_trials", str(failed))
     return SweepResult(
         parent_id,
         best_params,
-        float(best["loss"]),
+        best_value,
         best["run_id"],
-        len(trials.results),
+        len(results),
         failed,
-        losses,
+        values,
+        len(pruned),
+        trained,
+        saved,
     )
+
+
+def _value(result: Mapping[str, Any], plan: _Plan) -> float | None:
+    """The trial's value of the metric (hyperopt's loss is minus it when maximising)."""
+    if "value" in result:
+        return float(result["value"])
+    loss = result.get("loss")
+    return None if loss is None else plan.sign * float(loss)
+
+
+def _epochs(results: list[dict[str, Any]]) -> tuple[int, int]:
+    """Epochs trained by all trials, and epochs the pruned ones did not train (each up to
+    its ``epochs`` argument, else up to the longest trial that was not pruned)."""
+    trained = sum(len(r.get("curve") or ()) for r in results)
+    longest = max((len(r.get("curve") or ()) for r in results
+                   if not r.get("pruned_at_epoch")), default=0)
+    saved = 0
+    for r in results:
+        k = r.get("pruned_at_epoch")
+        if k:
+            saved += max(0, (r.get("planned_epochs") or longest) - k)
+    return trained, saved

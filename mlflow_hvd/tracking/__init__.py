@@ -28,6 +28,7 @@ from mlflow_hvd.rank.tracking.api import (
     shutdown,
     tracking_target,
 )
+from mlflow_hvd.rank.tracking.pruning import should_prune, was_pruned
 
 __all__ = [
     "commit",
@@ -47,6 +48,8 @@ __all__ = [
     "run_id",
     "set_tag",
     "set_tags",
+    "should_prune",
     "shutdown",
     "tracking_target",
+    "was_pruned",
 ]

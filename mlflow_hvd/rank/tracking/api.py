@@ -30,6 +30,7 @@ from mlflow_hvd.common.tracking_server import (
 )
 from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.messages import TrackingTarget, UndeliveredTracking
+from mlflow_hvd.rank.tracking import pruning
 from mlflow_hvd.rank.tracking.session import SESSION, RankLogger
 
 
@@ -40,6 +41,7 @@ def configure(target: TrackingTarget | None, rank: int, local_rank: int, host: s
         TrackingError: On rank 0, a tracking server that does not accept connections from
             this host (checked before training, not after it).
     """
+    pruning.reset(target, rank)
     SESSION.configure(target, rank, local_rank, host)
 
 
@@ -50,6 +52,7 @@ def shutdown(timeout: float | None = None) -> tuple[UndeliveredTracking | None, 
     Returns:
         (what could not be delivered, or None; a refusal message, or "").
     """
+    pruning.close()
     return SESSION.shutdown(timeout)
 
 
@@ -111,6 +114,7 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     logger.last_step = max(logger.last_step, int(step or 0))
     for key, value in metrics.items():
         logger.delivery.put(rec.Metric(key, value, ts, int(step or 0)))
+    pruning.observe(metrics, step)  # a sweep that prunes: the driver hears the epoch's value
 
 
 def log_batch_metrics(metrics: Mapping[str, float], step: int) -> None:
@@ -244,6 +248,7 @@ def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any]) -> 
         tuple(rec.Metric(k, float(v), ts, int(step)) for k, v in metrics.items()),
         tuple(rec.Tag(k, str(v)) for k, v in tags.items()),
     ))
+    pruning.observe(metrics, step)
 
 
 def max_logged_step(prefix: str) -> int:

@@ -1,0 +1,54 @@
+"""Driver side of pruning: what answers rank 0's tracking requests in a job whose epochs
+are judged (:mod:`mlflow_hvd.rank.tracking.pruning` is the rank side).
+
+The job's :class:`EpochJudge` (a sweep's trial, :mod:`mlflow_hvd.sweep.pruning`) answers
+each :class:`~mlflow_hvd.protocol.messages.EpochReport` on the channel server's thread,
+while rank 0 waits: a decision from numbers already in memory, no MLflow call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from mlflow_hvd.protocol.messages import (
+    EpochReport,
+    EpochVerdict,
+    Retire,
+    TrackingWrite,
+    TrackingWritten,
+)
+
+log = logging.getLogger(__name__)
+
+
+class EpochJudge(Protocol):
+    """Decides, per epoch, whether a job's training goes on."""
+
+    metric: str  # what rank 0 reports
+
+    def __call__(self, report: EpochReport) -> EpochVerdict: ...
+
+
+def rank0_requests(
+    writes: Callable[[TrackingWrite], TrackingWritten],
+    judge: EpochJudge | None,
+    run_id: str,
+) -> Callable[[TrackingWrite | EpochReport], object]:
+    """One job's answers to rank 0: writes to ``writes``, epoch reports of the job's run to
+    ``judge`` (:class:`Retire` without one: rank 0 then trains on)."""
+
+    def answer(request: TrackingWrite | EpochReport) -> object:
+        if not isinstance(request, EpochReport):
+            return writes(request)
+        if judge is None or request.run_id != run_id:
+            return Retire()
+        try:
+            return judge(request)
+        except Exception:  # a bug in the judge must not stop training: it goes on
+            log.exception("run %s: judging epoch step %d failed; the trial goes on",
+                          run_id, request.step)
+            return EpochVerdict(False, 0, "")
+
+    return answer

@@ -1,0 +1,236 @@
+"""Pruning a sweep's trials at epoch boundaries (driver side): the rules and the judge of one
+trial.
+
+Every value rank 0 logs of the sweep's metric with a step reaches the trial's
+:class:`TrialJudge` as an :class:`~mlflow_hvd.protocol.messages.EpochReport` (see
+:mod:`mlflow_hvd.rank.tracking.pruning`); the judge compares the trial with the curves of the
+trials before it (:class:`History`, rebuilt from the saved hyperopt results when a sweep is
+resumed, so a resumed sweep decides as an uninterrupted one would) and answers at once.
+
+Values are compared "lower is better" after multiplying by the sweep's sign (-1 when the
+metric is maximised). A trial is compared by its best value in its first ``k`` epochs,
+which a single noisy epoch cannot make look worse than the trial is.
+
+Epochs are counted, not read from the step: the ``k``-th distinct step a trial reported is
+its epoch ``k`` (1-based), whatever step numbering the training function uses; a restarted
+attempt that logs a step again replaces its value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.protocol.messages import EpochReport, EpochVerdict
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One earlier trial as the rules see it: its signed values per epoch and whether it
+    trained to its end (False: it was pruned)."""
+
+    values: tuple[float, ...]
+    finished: bool
+
+    def best(self, epochs: int) -> float:
+        """The best signed value of the first ``epochs`` epochs."""
+        return min(self.values[:epochs])
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A rule's bar at one epoch: a trial whose best value so far is above ``threshold``
+    (signed) is pruned; ``what`` and ``trials`` say where the bar comes from."""
+
+    threshold: float
+    what: str
+    trials: int
+
+
+@dataclass(frozen=True)
+class MedianRule:
+    """Median stopping (Google Vizier; Optuna's ``MedianPruner``, Ray Tune's
+    ``MedianStoppingRule``): once ``min_trials`` earlier trials have finished, stop a trial
+    after epoch ``k >= grace_epochs`` when its best value so far is worse than the median
+    of the earlier trials' best values in their first ``k`` epochs (over the earlier trials,
+    finished or pruned, that reached epoch ``k``)."""
+
+    grace_epochs: int = 1
+    min_trials: int = 3
+    name: str = field(default="median", init=False)
+
+    def __post_init__(self) -> None:
+        _positive("grace_epochs", self.grace_epochs)
+        _positive("min_trials", self.min_trials)
+
+    def cut(self, earlier: Sequence[Curve], epoch: int) -> Cut | None:
+        if epoch < self.grace_epochs or sum(c.finished for c in earlier) < self.min_trials:
+            return None
+        reached = [c.best(epoch) for c in earlier if len(c.values) >= epoch]
+        if len(reached) < self.min_trials:
+            return None
+        return Cut(statistics.median(reached), "the median", len(reached))
+
+
+@dataclass(frozen=True)
+class AshaRule:
+    """Asynchronous successive halving (ASHA, Li et al. 2020; Ray Tune's
+    ``ASHAScheduler`` in its stopping form): rungs at epochs ``grace_epochs * eta**j``; at a
+    rung, a trial goes on only if its best value so far is among the top ``1/eta`` of the
+    trials that reached the rung, itself included (at least the best one goes on). A rung
+    judges once at least ``eta`` earlier trials reached it."""
+
+    grace_epochs: int = 1
+    eta: int = 3
+    name: str = field(default="asha", init=False)
+
+    def __post_init__(self) -> None:
+        _positive("grace_epochs", self.grace_epochs)
+        if isinstance(self.eta, bool) or not isinstance(self.eta, int) or self.eta < 2:
+            raise ConfigurationError(f"eta must be an integer >= 2, got {self.eta!r}")
+
+    def rungs(self, max_epochs: int) -> list[int]:
+        out, rung = [], self.grace_epochs
+        while rung <= max_epochs:
+            out.append(rung)
+            rung *= self.eta
+        return out
+
+    def cut(self, earlier: Sequence[Curve], epoch: int) -> Cut | None:
+        if epoch not in self.rungs(epoch):
+            return None
+        reached = sorted(c.best(epoch) for c in earlier if len(c.values) >= epoch)
+        if len(reached) < self.eta:
+            return None
+        # with this trial, n = len(reached) + 1 reached the rung; the top max(1, n // eta)
+        # go on: this trial does if it is not worse than the earlier trial at that place
+        keep = max(1, (len(reached) + 1) // self.eta)
+        return Cut(reached[keep - 1], f"the top 1/{self.eta} (the {_ordinal(keep)} best)",
+                   len(reached))
+
+
+Rule = MedianRule | AshaRule
+
+
+def make_rule(prune: Any, grace_epochs: int) -> Rule | None:
+    """``sweep(prune=...)``: None, "none", "median", "asha", or a rule instance.
+
+    Raises:
+        ConfigurationError: Anything else, naming what is accepted.
+    """
+    if prune is None or prune == "none":
+        return None
+    if isinstance(prune, MedianRule | AshaRule):
+        if grace_epochs != 1:
+            raise ConfigurationError(
+                f"grace_epochs={grace_epochs!r} goes with prune='median' or 'asha'; a rule "
+                f"instance carries its own: {type(prune).__name__}(grace_epochs=...)")
+        return prune
+    if prune == "median":
+        return MedianRule(grace_epochs=grace_epochs)
+    if prune == "asha":
+        return AshaRule(grace_epochs=grace_epochs)
+    raise ConfigurationError(
+        f"prune must be None, 'median', 'asha' or a MedianRule/AshaRule, got {prune!r}")
+
+
+@dataclass(frozen=True)
+class History:
+    """The curves of a sweep's earlier trials that ran (failed trials are left out)."""
+
+    curves: tuple[Curve, ...] = ()
+
+    @staticmethod
+    def from_results(results: Sequence[dict[str, Any]], sign: float) -> History:
+        """From hyperopt's saved results (``curve``: the metric per epoch, raw;
+        ``pruned_at_epoch``: 0 or the epoch it stopped after)."""
+        curves = []
+        for r in results:
+            values = r.get("curve")
+            if r.get("status") != "ok" or not values:
+                continue
+            curves.append(Curve(tuple(sign * float(v) for v in values),
+                                not r.get("pruned_at_epoch")))
+        return History(tuple(curves))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one trial's judge saw: the metric per epoch (raw values, in step order), the
+    epoch it was pruned after (0: it was not), and whether it trained on after being told
+    to stop (its training function does not call ``should_prune``)."""
+
+    curve: tuple[float, ...]
+    pruned_at_epoch: int
+    ignored_at_epoch: int = 0
+
+
+class TrialJudge:
+    """Answers one trial's epoch reports (:class:`~mlflow_hvd.driver.tracking.epochs.
+    EpochJudge`); called on the driver's channel thread, once per epoch."""
+
+    def __init__(self, rule: Rule, history: History, metric: str, sign: float,
+                 max_epochs: int | None) -> None:
+        self.rule, self.history, self.metric = rule, history, metric
+        self.sign, self.max_epochs = sign, max_epochs
+        self._lock = threading.Lock()
+        self._values: dict[int, float] = {}  # raw value by step
+        self._pruned_after = 0  # epoch of the last verdict if it was "prune"
+        self._last_epoch = 0
+        self._ignored = 0
+
+    def __call__(self, report: EpochReport) -> EpochVerdict:
+        with self._lock:
+            if report.key != self.metric:
+                return EpochVerdict(False, 0)
+            self._values[report.step] = float(report.value)
+            steps = sorted(self._values)
+            epoch = steps.index(report.step) + 1
+            if self._pruned_after and epoch > self._pruned_after and not self._ignored:
+                self._ignored = self._pruned_after
+            self._last_epoch = epoch
+            verdict = self._judge(epoch, [self.sign * self._values[s] for s in steps[:epoch]])
+            self._pruned_after = epoch if verdict.prune else 0
+            return verdict
+
+    def _judge(self, epoch: int, signed: list[float]) -> EpochVerdict:
+        if self.max_epochs is not None and epoch >= self.max_epochs:
+            return EpochVerdict(False, epoch)  # its last epoch: nothing left to save
+        cut = self.rule.cut(self.history.curves, epoch)
+        mine = min(signed)
+        if cut is None or not mine > cut.threshold:
+            return EpochVerdict(False, epoch)
+        word = "lowest" if self.sign > 0 else "highest"
+        return EpochVerdict(
+            True, epoch,
+            f"{self.rule.name}: its {word} {self.metric} in {epoch} epoch"
+            f"{'s' if epoch != 1 else ''}, {self.sign * mine:.6g}, is worse than {cut.what} "
+            f"of {cut.trials} earlier trials ({self.sign * cut.threshold:.6g})")
+
+    def outcome(self) -> Outcome:
+        with self._lock:
+            curve = tuple(self._values[s] for s in sorted(self._values))
+            pruned = self._pruned_after if self._pruned_after == self._last_epoch else 0
+            return Outcome(curve, pruned, self._ignored)
+
+
+def describe(rule: Rule | None) -> dict[str, Any]:
+    """The rule's settings, as the sweep's parent run logs them."""
+    if rule is None:
+        return {"prune": "none"}
+    fields = {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule) if f.init}
+    return {"prune": rule.name, **{f"prune_{k}": v for k, v in fields.items()}}
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _ordinal(n: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")

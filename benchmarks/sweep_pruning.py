@@ -98,6 +98,7 @@ def main() -> None:
     on: list[float] = []
     off: list[float] = []
     with HorovodRunner(np=args.np, **runner_options) as runner:
+        runner.run(empty_epochs, epochs=args.cost_epochs)  # warm-up: first-job costs
         for _ in range(args.cost_rounds):
             for judged in (True, False):
                 runner.epoch_judge = (TrialJudge(MedianRule(grace_epochs=10**9), History(),
@@ -112,7 +113,12 @@ def main() -> None:
     print(f"  cost of pruning per epoch:    {statistics.median(on) - statistics.median(off):.2f}"
           " ms (difference of medians)")
 
+    if args.seeds < 1:
+        return
     # --- pruned against unpruned sweeps ------------------------------------------------------
+    # warm-up: the OS caches and the first TensorFlow import, for every arm alike
+    sweep(digits_keras.train, space, max_evals=1, np=args.np, fixed_params={**fixed, "epochs": 1},
+          runner_options=runner_options)
     best: dict[str, list[float]] = {a: [] for a in arms}
     epochs: dict[str, list[float]] = {a: [] for a in arms}
     walls: dict[str, list[float]] = {a: [] for a in arms}

@@ -166,13 +166,15 @@ def _replayed(results: list[dict[str, Any]], rule: Any, epochs: int) -> list[int
 def test_median_pruning_on_warm_ranks_and_a_resumed_sweep_that_decides_alike(
     store: str,
 ) -> None:
-    first = sweep(workers.curve_trial, SPACE, max_evals=5, np=-2, seed=3, prune="median")
-    result = sweep(workers.curve_trial, SPACE, max_evals=9, np=-2, seed=3, prune="median",
+    # seed 4 samples lr 0.63, 0.3, 0.61, 0.25, 0.82, 0.24, 0.47, 0.25, 0.25 (TPE's first
+    # 20 trials are random): trial 4 stops after epoch 1, trial 6 after epoch 2
+    first = sweep(workers.curve_trial, SPACE, max_evals=5, np=-2, seed=4, prune="median")
+    result = sweep(workers.curve_trial, SPACE, max_evals=9, np=-2, seed=4, prune="median",
                    parent_run_id=first.parent_run_id)
     client = mlflow.MlflowClient()
     children = _children(result.parent_run_id)
     pruned = [c for c in children if TAG in c.data.tags]
-    assert result.pruned_trials == len(pruned) >= 2
+    assert result.pruned_trials == len(pruned) == 2
     for child in children:
         history = client.get_metric_history(child.info.run_id, "val_loss")
         k = int(child.data.tags.get(TAG, 6))
@@ -187,8 +189,7 @@ def test_median_pruning_on_warm_ranks_and_a_resumed_sweep_that_decides_alike(
                 f"checkpoints/epoch_{k - 1}/")
     # after the resume, trials are judged against the 5 trials of the first session too:
     # without them, trial 5 would have no earlier trials and could not be pruned
-    indices = sorted(int(c.data.tags["mlflow_hvd.sweep.trial"]) for c in pruned)
-    assert indices[0] >= 3 and any(5 <= i <= 7 for i in indices), indices
+    assert [c.data.tags.get(TAG) for c in children] == [None] * 4 + ["1", None, "2", None, None]
     trials = load_trials(client, result.parent_run_id)
     assert _replayed(trials.results, MedianRule(), 6) == [
         int(c.data.tags.get(TAG, 0)) for c in children]
@@ -205,16 +206,16 @@ def test_median_pruning_on_warm_ranks_and_a_resumed_sweep_that_decides_alike(
 
 @pytest.mark.slow
 def test_asha_prunes_cold_trials_and_one_that_restarted_from_its_checkpoint(store: str) -> None:
-    # seed 6 samples lr 0.26, 0.527, 0.582, 0.86 (TPE's first trials are random); the
-    # first attempt of the trial with lr > 0.7 fails at the start of its epoch 1
-    result = sweep(workers.curve_trial, SPACE, max_evals=4, np=-1, seed=6, warm=False,
+    # seed 2 samples lr 0.26, 0.28, 0.43, 0.48 (TPE's first trials are random); the first
+    # attempt of the trial with lr > 0.45 fails at the start of its epoch 1
+    result = sweep(workers.curve_trial, SPACE, max_evals=4, np=-1, seed=2, warm=False,
                    prune=AshaRule(grace_epochs=2, eta=2),
-                   fixed_params={"fail_at_epoch": 1, "fail_above": 0.7},
+                   fixed_params={"fail_at_epoch": 1, "fail_above": 0.45},
                    runner_options={"max_failures": 1})
     client = mlflow.MlflowClient()
     children = _children(result.parent_run_id)
     assert result.failed_trials == 0
-    assert [round(float(c.data.params["lr"]), 2) for c in children] == [0.26, 0.53, 0.58, 0.86]
+    assert [round(float(c.data.params["lr"]), 2) for c in children] == [0.26, 0.28, 0.43, 0.48]
     # rung 2 keeps the best 1 of 3 trials that reached it: trials 2 and 3 stop there
     assert [c.data.tags.get(TAG) for c in children] == [None, None, "2", "2"]
     assert ["mlflow_hvd.resumed_from" in c.data.tags for c in children] == [

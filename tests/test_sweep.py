@@ -52,7 +52,8 @@ def test_sweep_of_three_spark_trials(store: str, spark: Any) -> None:
     assert (params["np"], params["fail_marker"]) == ("2", "")
     # the params logged are the ones the trial ran with: its loss follows from them
     x, y = float(params["x"]), int(params["y"])
-    assert losses[best_id] == pytest.approx((x - 0.3) ** 2 + y / 10.0)
+    # (x travels as a float32 tensor through the allreduce)
+    assert losses[best_id] == pytest.approx((x - 0.3) ** 2 + y / 10.0, abs=1e-6)
     assert result.best_params == {"x": pytest.approx(x), "y": y}
     assert parent.data.params["best_x"] == best_child.data.params["x"]
     assert parent.data.params["best_y"] == best_child.data.params["y"]
@@ -67,7 +68,7 @@ def test_failing_trial_is_a_failed_child_and_the_sweep_goes_on(
     store: str, tmp_path: Path
 ) -> None:
     marker = str(tmp_path / "failed-once")
-    result = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=-2, seed=2,
+    result = sweep(workers.quadratic_torch_trial, SPACE, max_evals=3, np=-2, seed=2,
                    fixed_params={"fail_marker": marker}, runner_options={"stop_grace": 2})
     children = _children(result.parent_run_id)
     assert [c.info.status for c in children] == ["FAILED", "FINISHED", "FINISHED"]
@@ -81,14 +82,15 @@ def test_failing_trial_is_a_failed_child_and_the_sweep_goes_on(
 
 @pytest.mark.slow
 def test_resume_repeats_no_trial_and_matches_an_uninterrupted_sweep(store: str) -> None:
-    first = sweep(workers.quadratic_trial, SPACE, max_evals=2, np=-1, seed=7)
-    resumed = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=-1, seed=7,
+    first = sweep(workers.quadratic_torch_trial, SPACE, max_evals=2, np=-1, seed=7)
+    resumed = sweep(workers.quadratic_torch_trial, SPACE, max_evals=3, np=-1, seed=7,
                     parent_run_id=first.parent_run_id)
     assert resumed.parent_run_id == first.parent_run_id
     children = _children(first.parent_run_id)
     assert len(children) == 3 and resumed.trials == 3
     # fresh processes per trial (warm=False) give the same trials as warm ranks
-    straight = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=-1, seed=7, warm=False)
+    straight = sweep(workers.quadratic_torch_trial, SPACE, max_evals=3, np=-1, seed=7,
+                     warm=False)
     straight_children = _children(straight.parent_run_id)
     # same seed, same sampled params, whether or not the sweep was interrupted
     assert [c.data.params for c in children] == [c.data.params for c in straight_children]
@@ -155,7 +157,7 @@ def test_unreadable_saved_trials_stop_the_sweep_before_any_trial(store: str) -> 
 
 def test_a_sweep_whose_every_trial_fails_says_so(store: str, tmp_path: Path) -> None:
     with pytest.raises(MlflowHvdError) as info:
-        sweep(workers.quadratic_trial, SPACE, max_evals=1, np=-1,
+        sweep(workers.quadratic_torch_trial, SPACE, max_evals=1, np=-1,
               fixed_params={"fail_marker": str(tmp_path / "marker")})
     assert str(info.value) == "all 1 trials failed; see the child runs"
 

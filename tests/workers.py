@@ -195,6 +195,19 @@ def quadratic_trial(x: float, y: int, fail_marker: str = "") -> float:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
+    return _quadratic(hvd, tf.constant, x, y, fail_marker)
+
+
+def quadratic_torch_trial(x: float, y: int, fail_marker: str = "") -> float:
+    """:func:`quadratic_trial` on horovod.torch (a rank imports PyTorch in a third of
+    TensorFlow's time): the sweep tests that need no TensorFlow use it."""
+    import horovod.torch as hvd
+    import torch
+
+    return _quadratic(hvd, torch.tensor, x, y, fail_marker)
+
+
+def _quadratic(hvd: Any, tensor: Any, x: float, y: int, fail_marker: str) -> float:
     from mlflow_hvd import tracking
 
     hvd.init()
@@ -204,7 +217,7 @@ def quadratic_trial(x: float, y: int, fail_marker: str = "") -> float:
             open(fail_marker, "w").close()
             raise RuntimeError("first trial fails on purpose")
         return 0.0
-    mean_x = float(hvd.allreduce(tf.constant(float(x)), op=hvd.Average).numpy())
+    mean_x = float(hvd.allreduce(tensor(float(x)), op=hvd.Average))
     loss = (mean_x - 0.3) ** 2 + y / 10.0
     tracking.log_metrics({"val_loss": loss + 1.0}, step=0)
     tracking.log_metrics({"val_loss": loss}, step=1)  # the last step's value counts
@@ -318,17 +331,21 @@ def log_steadily(n: int, interval: float, until: str | None = None,
     """Rank 0 logs metric ``x`` = i at step i, one every ``interval`` seconds, plus a tag, a
     param and an artifact half-way; then, if ``until`` is given, waits (at most 300 s) for
     that file to exist. Returns how many values it logged. ``api``: ``"mlflow_hvd"``
-    (:mod:`mlflow_hvd.tracking`) or ``"mlflow"`` (MLflow's own fluent functions)."""
-    import importlib
+    (:mod:`mlflow_hvd.tracking`), ``"mlflow"`` (MLflow's own fluent functions) or
+    ``"both"``: even steps and the tag through the first, odd steps, the param and the
+    artifact through MLflow's."""
+    import mlflow
 
-    tracking = importlib.import_module("mlflow_hvd.tracking" if api == "mlflow_hvd" else api)
+    from mlflow_hvd import tracking as ours
 
+    first = mlflow if api == "mlflow" else ours
+    second = ours if api == "mlflow_hvd" else mlflow
     for i in range(n):
-        tracking.log_metric("x", float(i), step=i)
+        (first if i % 2 == 0 else second).log_metric("x", float(i), step=i)
         if i == n // 2:
-            tracking.set_tag("half", "yes")
-            tracking.log_param("p", "at-half")
-            tracking.log_dict({"i": i}, "mid/state.json")
+            first.set_tag("half", "yes")
+            second.log_param("p", "at-half")
+            second.log_dict({"i": i}, "mid/state.json")
         time.sleep(interval)
     deadline = time.monotonic() + 300
     while until is not None and not os.path.exists(until):

@@ -306,7 +306,9 @@ def _run_trials(
                 algo=tpe.suggest,
                 max_evals=n,
                 trials=trials,
-                rstate=numpy.random.default_rng(plan.seed + n),
+                # (seed, n) as two words of entropy: seeds 0 and 1 draw unrelated streams
+                # (seed + n made seed 1's trial n seed 0's trial n + 1)
+                rstate=numpy.random.default_rng([plan.seed, n]),
                 show_progressbar=False,
                 return_argmin=False,
             )
@@ -356,7 +358,7 @@ def run_trial(
         except MlflowHvdError as exc:
             mlflow.end_run("FAILED")
             return {"status": STATUS_FAIL, "error": str(exc).splitlines()[0], "run_id": run_id,
-                    **_judged(judge, index, plan, notes)}
+                    **_judged(judge, index, plan, None)}  # a failure: nothing to say of it
         finally:
             runner.epoch_judge = None
         wall = time.monotonic() - t0
@@ -380,11 +382,12 @@ def run_trial(
 def _judged(judge: TrialJudge | None, index: int, plan: _Plan,
             notes: _Notes | None) -> dict[str, Any]:
     """What the trial's pruning judge saw, for its hyperopt result; says once per sweep
-    when a trial gave the judge nothing to work with or trained on past a stop."""
+    (``notes``) when a trial gave the judge nothing to work with or trained on past a
+    stop."""
     if judge is None:
         return {}
     outcome = judge.outcome()
-    notes = notes or _Notes()
+    notes = notes or _Notes(no_metric=True, ignored=True)  # None: say nothing
     if not outcome.curve and not notes.no_metric:
         notes.no_metric = True
         log.warning(

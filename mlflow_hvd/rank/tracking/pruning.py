@@ -9,8 +9,8 @@ connection of its own, and the answer kept: one round trip per epoch, while the 
 are still in the epoch's last collective or about to wait in :func:`should_prune`.
 
 :func:`should_prune` is a collective: every rank calls it at the same point after the
-epoch's metrics are logged, rank 0 broadcasts the verdict (Horovod's ``broadcast_object``,
-with whichever of ``horovod.tensorflow`` and ``horovod.torch`` is initialised), and every
+epoch's metrics are logged, rank 0 broadcasts the verdict (one Horovod broadcast, with
+whichever of ``horovod.tensorflow`` and ``horovod.torch`` is initialised), and every
 rank returns the same answer, so they all leave the training loop after the same epoch and
 none is left waiting in an allreduce. Outside a pruning job it returns False at once, on
 every rank alike, without any collective.
@@ -149,10 +149,18 @@ def was_pruned() -> bool:
 
 
 def _broadcast(value: int, name: str) -> int:
+    """Rank 0's ``value`` on every rank: one broadcast of a one-element tensor
+    (``broadcast_object`` would take two collectives and a pickle)."""
     hvd = _horovod()
     if hvd.size() == 1:
         return value
-    return int(hvd.broadcast_object(value, root_rank=0, name=name))
+    if hvd.__name__ == "horovod.torch":
+        import torch
+
+        return int(hvd.broadcast(torch.tensor([value], dtype=torch.int64), 0, name=name)[0])
+    import tensorflow as tf
+
+    return int(hvd.broadcast(tf.constant([value], dtype=tf.int64), 0, name=name).numpy()[0])
 
 
 def _horovod() -> Any:

@@ -5,9 +5,10 @@ Sweep arms: ``sweep(digits_keras.train, space, max_evals=--trials, np=--np,
 fixed_params={"epochs": --epochs, "log_model": False}, seed=s)`` for each seed, the arms run
 one after another with the seed's order rotated; the space is the MLproject's (learning
 rate log-uniform e^-8..e^-4, batch size 16/32/64). Per arm and seed: the best val_loss of
-the sweep (of trials that trained to their end), epochs trained (val_loss values logged in
-the child runs), sweep wall time. Prints min/median/max over seeds per arm, and per seed the
-pruned arm's ratio to the unpruned arm of the same seed.
+the sweep (of trials that trained to their end), the test_loss of that trial's model (the
+example's held-out test split, never used for selection), epochs trained (val_loss values
+logged in the child runs), sweep wall time. Prints min/median/max over seeds per arm, and
+per seed the pruned arm's ratio to the unpruned arm of the same seed.
 
 Cost arm: one job of ``--cost-epochs`` empty epochs (rank 0 logs val_loss, every rank
 calls ``should_prune``, an allreduce ends each epoch) with a judge that never prunes,
@@ -120,6 +121,7 @@ def main() -> None:
     sweep(digits_keras.train, space, max_evals=1, np=args.np, fixed_params={**fixed, "epochs": 1},
           runner_options=runner_options)
     best: dict[str, list[float]] = {a: [] for a in arms}
+    test: dict[str, list[float]] = {a: [] for a in arms}
     epochs: dict[str, list[float]] = {a: [] for a in arms}
     walls: dict[str, list[float]] = {a: [] for a in arms}
     pruned: dict[str, list[float]] = {a: [] for a in arms}
@@ -138,27 +140,32 @@ def main() -> None:
             epochs[arm].append(float(sum(
                 len(client.get_metric_history(c.info.run_id, "val_loss")) for c in children)))
             best[arm].append(result.best_loss)
+            test[arm].append(client.get_run(result.best_run_id).data.metrics["test_loss"])
             pruned[arm].append(float(result.pruned_trials))
-            print(f"seed {seed} {arm:>6}: best val_loss {result.best_loss:.4f}, "
+            print(f"seed {seed} {arm:>6}: best val_loss {result.best_loss:.4f} (its test_loss "
+                  f"{test[arm][-1]:.4f}), "
                   f"{epochs[arm][-1]:.0f} epochs, {result.pruned_trials} pruned, "
                   f"{walls[arm][-1]:.1f} s", flush=True)
 
     print(f"\n{args.trials} trials x {args.epochs} epochs, np={args.np}, seeds "
           f"0..{args.seeds - 1} (min / median / max over seeds)")
     for arm in arms:
-        print(f"{arm:>6}: best val_loss {_mmm(best[arm])}   epochs "
+        print(f"{arm:>6}: best val_loss {_mmm(best[arm])}   its test_loss {_mmm(test[arm])}   "
+              f"epochs "
               f"{_mmm(epochs[arm], '{:.0f}')}   wall {_mmm(walls[arm], '{:.1f}')} s   pruned "
               f"{_mmm(pruned[arm], '{:.0f}')}")
-    spread = (min(best["none"]), max(best["none"]))
     for arm in arms[1:]:
         e = [a / b for a, b in zip(epochs[arm], epochs["none"], strict=True)]
         w = [a / b for a, b in zip(walls[arm], walls["none"], strict=True)]
-        mid = statistics.median(best[arm])
-        where = ("within" if spread[0] <= mid <= spread[1] else
-                 "below (better than)" if mid < spread[0] else "ABOVE (worse than)")
         print(f"{arm:>6} / none, per seed: epochs {_mmm(e, '{:.2f}')}   wall "
-              f"{_mmm(w, '{:.2f}')}   median best val_loss {mid:.4f}: {where} the "
-              f"unpruned spread [{spread[0]:.4f}, {spread[1]:.4f}]")
+              f"{_mmm(w, '{:.2f}')}")
+        for name, values in (("best val_loss", best), ("its test_loss", test)):
+            lo, hi = min(values["none"]), max(values["none"])
+            mid = statistics.median(values[arm])
+            where = ("within" if lo <= mid <= hi else
+                     "below (better than)" if mid < lo else "ABOVE (worse than)")
+            print(f"        median {name} {mid:.4f}: {where} the unpruned spread "
+                  f"[{lo:.4f}, {hi:.4f}]")
     print("goals: epochs and wall <= 0.50x; best val_loss within the unpruned arm's spread")
     if spark is not None:
         spark.stop()

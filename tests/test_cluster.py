@@ -421,20 +421,33 @@ def test_a_basic_auth_tls_server_from_workers_that_hold_no_credentials(
         mlflow.set_tracking_uri(cluster.mlflow_url)
 
 
-def test_a_two_trial_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path: Path) -> None:
+def test_a_pruning_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path: Path) -> None:
+    """`mlflow run . -e sweep -P prune=median` with 4 ranks on two hosts, tracking over HTTP:
+    rank 0's epoch reports reach the driver from another host and the stop is collective."""
+    space = tmp_path / "space.json"  # seed 2: 0.01 for trials 0-2, 1e-6 for trial 3
+    space.write_text(json.dumps({"learning_rate": ["choice", [0.01, 1e-6]],
+                                 "batch_size": ["choice", [32]]}))
     cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "-e", "sweep", "--env-manager",
-           "local", "-P", "max_evals=2", "-P", "np=4", "-P", "epochs=1"]
+           "local", "-P", "max_evals=4", "-P", "np=4", "-P", "epochs=2", "-P", "seed=2",
+           "-P", f"space={space}", "-P", "prune=median"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=cluster.driver_env(), capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     exp = client.get_experiment_by_name("Default").experiment_id
     (parent,) = client.search_runs([exp], filter_string="tags.`mlflow_hvd.sweep.role` = 'parent'")
-    children = client.search_runs(
-        [exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    children = sorted(client.search_runs(
+        [exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"),
+        key=lambda r: int(r.data.tags["mlflow_hvd.sweep.trial"]))
     assert parent.info.status == "FINISHED"
-    assert sorted(c.info.status for c in children) == ["FINISHED", "FINISHED"]
+    assert [c.info.status for c in children] == ["FINISHED"] * 4
     assert {c.data.tags["mlflow_hvd.spark_master"] for c in children} == {cluster.master_url}
-    assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] in {c.info.run_id for c in children}
+    assert [c.data.tags.get("mlflow_hvd.sweep.pruned_at_epoch") for c in children] == [
+        None, None, None, "1"]
+    assert [len(client.get_metric_history(c.info.run_id, "val_loss")) for c in children] == [
+        2, 2, 2, 1]
+    assert parent.data.metrics["trials_pruned"] == 1
+    assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] in {
+        c.info.run_id for c in children[:3]}
 
 
 def test_gpus_spark_assigns_on_each_host_are_what_the_ranks_see(

@@ -205,26 +205,25 @@ def test_median_pruning_on_warm_ranks_and_a_resumed_sweep_that_decides_alike(
 
 
 @pytest.mark.slow
-def test_asha_prunes_cold_trials_and_one_that_restarted_from_its_checkpoint(store: str) -> None:
-    # seed 2 samples lr 0.26, 0.28, 0.43, 0.48 (TPE's first trials are random); the first
-    # attempt of the trial with lr > 0.45 fails at the start of its epoch 1
-    result = sweep(workers.curve_trial, SPACE, max_evals=4, np=-1, seed=2, warm=False,
+def test_asha_prunes_a_cold_trial_that_restarted_from_its_checkpoint(store: str) -> None:
+    # seed 2 samples lr 0.26, 0.28, 0.43 (TPE's first trials are random); the first attempt
+    # of the trial with lr > 0.4 fails at the start of its epoch 1
+    result = sweep(workers.curve_trial, SPACE, max_evals=3, np=-1, seed=2, warm=False,
                    prune=AshaRule(grace_epochs=2, eta=2),
-                   fixed_params={"fail_at_epoch": 1, "fail_above": 0.45},
+                   fixed_params={"fail_at_epoch": 1, "fail_above": 0.4},
                    runner_options={"max_failures": 1})
     client = mlflow.MlflowClient()
     children = _children(result.parent_run_id)
     assert result.failed_trials == 0
-    assert [round(float(c.data.params["lr"]), 2) for c in children] == [0.26, 0.28, 0.43, 0.48]
-    # rung 2 keeps the best 1 of 3 trials that reached it: trials 2 and 3 stop there
-    assert [c.data.tags.get(TAG) for c in children] == [None, None, "2", "2"]
-    assert ["mlflow_hvd.resumed_from" in c.data.tags for c in children] == [
-        False, False, False, True]
+    assert [round(float(c.data.params["lr"]), 2) for c in children] == [0.26, 0.28, 0.43]
+    # rung 2 keeps the best 1 of the 3 trials that reached it: trial 2 stops there
+    assert [c.data.tags.get(TAG) for c in children] == [None, None, "2"]
+    assert ["mlflow_hvd.resumed_from" in c.data.tags for c in children] == [False, False, True]
     for child in children:
         k = int(child.data.tags.get(TAG, 6))
         steps = [m.step for m in client.get_metric_history(child.info.run_id, "val_loss")]
         assert steps == list(range(k))  # the restart continued: no epoch lost or repeated
-    assert result.epochs_trained == 6 + 6 + 2 + 2 and result.epochs_saved == 8
+    assert result.epochs_trained == 6 + 6 + 2 and result.epochs_saved == 4
 
 
 @pytest.mark.slow

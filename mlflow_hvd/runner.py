@@ -194,9 +194,8 @@ class HorovodRunner:
         self.last_run_id: str | None = None
         """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
         self.epoch_judge: EpochJudge | None = None
-        """What decides after each epoch whether a run goes on (set by
-        :func:`mlflow_hvd.sweep.sweep` when it prunes trials; None: every run trains to
-        its end). Rank 0 reports ``epoch_judge.metric`` as it is logged with a step."""
+        """Decides after each epoch (rank 0 reports ``epoch_judge.metric``) whether a run
+        goes on: set by :func:`mlflow_hvd.sweep.sweep` when it prunes; None by default."""
 
     @property
     def np(self) -> int:

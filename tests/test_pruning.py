@@ -230,7 +230,7 @@ def test_asha_prunes_a_cold_trial_that_restarted_from_its_checkpoint(store: str)
 def test_a_trial_that_logs_no_epoch_metric_or_ignores_the_verdict_is_never_pruned(
     store: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="mlflow_hvd.sweep.search")
+    caplog.set_level(logging.WARNING, logger="mlflow_hvd.sweep")
     quiet = sweep(workers.curve_trial, SPACE, max_evals=5, np=-1, seed=3, prune="median",
                   fixed_params={"report": False})
     assert quiet.pruned_trials == 0

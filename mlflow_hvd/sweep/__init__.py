@@ -1,6 +1,7 @@
 """Hyperopt sweeps of distributed trials (driver side): one HorovodRunner job per trial.
 
-* :mod:`.search` - the sweep loop: validate, resume, run one trial, summarise;
+* :mod:`.search` - the sweep loop: validate, resume, summarise;
+* :mod:`.trial` - one trial: its child run, its job, its pruning judge, its result;
 * :mod:`.pruning` - stopping trials early: the median and ASHA rules, one trial's judge;
 * :mod:`.space` - search spaces; :mod:`.trials_store` - resume state; :mod:`.plot` - chart.
 """

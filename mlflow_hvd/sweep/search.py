@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,11 +22,10 @@ from mlflow_hvd.driver.tracking.run import store_lock
 from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
 from mlflow_hvd.runner import HorovodRunner
 from mlflow_hvd.sweep.plot import plot_losses
-from mlflow_hvd.sweep.pruning import History, Rule, TrialJudge, describe, make_rule
+from mlflow_hvd.sweep.pruning import Rule, describe, make_rule
 from mlflow_hvd.sweep.space import plain, validate_space
+from mlflow_hvd.sweep.trial import TAG, Notes, Plan, run_trial
 from mlflow_hvd.sweep.trials_store import load_trials, save_trials
-
-TAG = "mlflow_hvd.sweep."
 
 log = logging.getLogger(__name__)
 
@@ -61,32 +59,6 @@ class SweepResult:
     pruned_trials: int = 0
     epochs_trained: int = 0
     epochs_saved: int = 0
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """The validated arguments of one sweep."""
-
-    train_fn: Callable[..., Any]
-    space: dict[str, Any]
-    max_evals: int
-    np: int
-    metric: str
-    seed: int
-    early_stop_rounds: int | None
-    fixed: dict[str, Any]
-    runner_options: dict[str, Any]
-    warm: bool = True
-    rule: Rule | None = None
-    sign: float = 1.0  # +1: the metric is minimised; -1: maximised (hyperopt's loss = -value)
-
-
-@dataclass
-class _Notes:
-    """What the sweep said once (not per trial)."""
-
-    no_metric: bool = False
-    ignored: bool = False
 
 
 def sweep(
@@ -168,7 +140,7 @@ def sweep(
         return _sweep(plan, parent_run_id)
 
 
-def _sweep(plan: _Plan, parent_run_id: str | None) -> SweepResult:
+def _sweep(plan: Plan, parent_run_id: str | None) -> SweepResult:
     import mlflow
 
     runner = HorovodRunner(np=plan.np, **plan.runner_options)
@@ -217,7 +189,7 @@ def _validate(
     prune: str | Rule | None = None,
     grace_epochs: int = 1,
     mode: str | None = None,
-) -> _Plan:
+) -> Plan:
     check_positive_int("max_evals", max_evals)
     if early_stop_rounds is not None:
         check_positive_int("early_stop_rounds", early_stop_rounds)
@@ -227,7 +199,7 @@ def _validate(
     rule = make_rule(prune, grace_epochs)
     validate_space(space, seed)
     HorovodRunner(np=np, **dict(runner_options or {}))  # validates np and options now
-    return _Plan(
+    return Plan(
         train_fn,
         dict(space),
         max_evals,
@@ -259,7 +231,7 @@ def direction(metric: str, mode: str | None) -> str:
     return "max" if any(word in name for word in MAXIMISED) else "min"
 
 
-def _describe_parent(client: Any, parent_id: str, plan: _Plan) -> None:
+def _describe_parent(client: Any, parent_id: str, plan: Plan) -> None:
     client.set_tag(parent_id, f"{TAG}role", "parent")
     _log_params_once(
         client,
@@ -283,14 +255,14 @@ def _describe_parent(client: Any, parent_id: str, plan: _Plan) -> None:
 
 
 def _run_trials(
-    client: Any, parent_id: str, trials: Any, plan: _Plan, runner: HorovodRunner
+    client: Any, parent_id: str, trials: Any, plan: Plan, runner: HorovodRunner
 ) -> None:
     """Run the remaining trials, saving the history after each one."""
     import numpy
     from hyperopt import fmin, tpe
     from hyperopt.exceptions import AllTrialsFailed
 
-    notes = _Notes()
+    notes = Notes()
 
     def objective(params: dict[str, Any]) -> dict[str, Any]:
         done = trials.results[:-1]  # hyperopt already holds this trial's empty result
@@ -322,114 +294,6 @@ def _run_trials(
             return
 
 
-def run_trial(
-    client: Any,
-    index: int,
-    params: dict[str, Any],
-    plan: _Plan,
-    runner: HorovodRunner,
-    done: list[dict[str, Any]] | None = None,
-    notes: _Notes | None = None,
-) -> dict[str, Any]:
-    """One trial as a child run: the distributed job, then its loss (hyperopt's result).
-
-    ``done``: the results of the trials before it, which a pruning rule compares it with.
-    """
-    import mlflow
-    from hyperopt import STATUS_FAIL, STATUS_OK
-
-    values = {k: plain(v) for k, v in params.items()}
-    run_params = {**trial_params(plan), **values}
-    judge = None
-    if plan.rule is not None:
-        judge = TrialJudge(plan.rule, History.from_results(done or [], plan.sign),
-                           plan.metric, plan.sign, _planned_epochs(run_params))
-    with mlflow.start_run(nested=True, run_name=f"trial-{index}") as child:
-        run_id = child.info.run_id
-        client.set_tag(run_id, f"{TAG}trial", str(index))
-        # every argument of the trial, not only the sampled ones: trials and plain runs of
-        # the same function share one set of columns in the MLflow UI
-        mlflow.log_params(run_params)
-        t0 = time.monotonic()
-        runner.epoch_judge = judge
-        try:
-            runner.log_prefix = f"[trial {index}]"
-            runner.run(plan.train_fn, **values, **plan.fixed)
-        except MlflowHvdError as exc:
-            mlflow.end_run("FAILED")
-            return {"status": STATUS_FAIL, "error": str(exc).splitlines()[0], "run_id": run_id,
-                    **_judged(judge, index, plan, None)}  # a failure: nothing to say of it
-        finally:
-            runner.epoch_judge = None
-        wall = time.monotonic() - t0
-        history = client.get_metric_history(run_id, plan.metric)
-        if not history:
-            mlflow.end_run("FAILED")
-            return {
-                "status": STATUS_FAIL,
-                "run_id": run_id,
-                "error": f"the trial logged no value of the metric {plan.metric!r}",
-            }
-        value = float(max(history, key=lambda m: (m.step, m.timestamp)).value)
-        judged = _judged(judge, index, plan, notes)
-        if judged.get("pruned_at_epoch"):
-            client.set_tag(run_id, f"{TAG}pruned_at_epoch", str(judged["pruned_at_epoch"]))
-        mlflow.log_metric("trial_wall_seconds", wall)
-        return {"status": STATUS_OK, "loss": plan.sign * value, "value": value,
-                "run_id": run_id, **judged}
-
-
-def _judged(judge: TrialJudge | None, index: int, plan: _Plan,
-            notes: _Notes | None) -> dict[str, Any]:
-    """What the trial's pruning judge saw, for its hyperopt result; says once per sweep
-    (``notes``) when a trial gave the judge nothing to work with or trained on past a
-    stop."""
-    if judge is None:
-        return {}
-    outcome = judge.outcome()
-    notes = notes or _Notes(no_metric=True, ignored=True)  # None: say nothing
-    if not outcome.curve and not notes.no_metric:
-        notes.no_metric = True
-        log.warning(
-            "mlflow_hvd: sweep prune=%r: trial %d logged no value of %r with a step, so it "
-            "cannot be pruned (nor any trial like it): log it per epoch with MlflowCallback "
-            "or mlflow_hvd.tracking.log_metrics({%r: value}, step=epoch)",
-            plan.rule.name if plan.rule else None, index, plan.metric, plan.metric)
-    if outcome.ignored_at_epoch and not notes.ignored:
-        notes.ignored = True
-        log.warning(
-            "mlflow_hvd: trial %d was to stop after epoch %d but trained on: call "
-            "mlflow_hvd.tracking.should_prune() on every rank after each epoch's metrics "
-            "are logged and leave the loop when it returns True (MlflowCallback does)",
-            index, outcome.ignored_at_epoch)
-    return {"curve": list(outcome.curve), "pruned_at_epoch": outcome.pruned_at_epoch,
-            "planned_epochs": judge.max_epochs}
-
-
-def _planned_epochs(run_params: Mapping[str, Any]) -> int | None:
-    """How many epochs the trial is set to train: its ``epochs`` argument, if it has one."""
-    epochs = run_params.get("epochs")
-    return epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None
-
-
-def trial_params(plan: _Plan) -> dict[str, Any]:
-    """``np``, the fixed params and the training function's defaults that are plain values
-    (what the trial runs with besides the sampled params)."""
-    import inspect
-
-    out: dict[str, Any] = {"np": plan.np}
-    try:
-        signature = inspect.signature(plan.train_fn)
-    except (TypeError, ValueError):
-        signature = None
-    if signature is not None:
-        for name, p in signature.parameters.items():
-            if isinstance(p.default, bool | int | float | str):
-                out[name] = p.default
-    out.update({k: plain(v) for k, v in plan.fixed.items()})
-    return out
-
-
 def no_progress(results: list[dict[str, Any]], rounds: int) -> bool:
     """hyperopt's ``no_progress_loss`` rule (no new best loss for ``rounds`` trials), as a
     pure function of the trial history so that it holds across a resume, and with failed
@@ -451,7 +315,7 @@ def _log_params_once(client: Any, run_id: str, params: Mapping[str, Any]) -> Non
             client.log_param(run_id, key, str(value))
 
 
-def _summarise(client: Any, parent_id: str, trials: Any, plan: _Plan) -> SweepResult:
+def _summarise(client: Any, parent_id: str, trials: Any, plan: Plan) -> SweepResult:
     from hyperopt import STATUS_OK, space_eval
 
     ok = [
@@ -501,7 +365,7 @@ def _summarise(client: Any, parent_id: str, trials: Any, plan: _Plan) -> SweepRe
     )
 
 
-def _value(result: Mapping[str, Any], plan: _Plan) -> float | None:
+def _value(result: Mapping[str, Any], plan: Plan) -> float | None:
     """The trial's value of the metric (hyperopt's loss is minus it when maximising)."""
     if "value" in result:
         return float(result["value"])

@@ -1,0 +1,153 @@
+"""One trial of a sweep (driver side): its child run, the distributed job, its pruning judge
+and the result hyperopt records."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mlflow_hvd.errors import MlflowHvdError
+from mlflow_hvd.runner import HorovodRunner
+from mlflow_hvd.sweep.pruning import History, Rule, TrialJudge
+from mlflow_hvd.sweep.space import plain
+
+TAG = "mlflow_hvd.sweep."
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The validated arguments of one sweep."""
+
+    train_fn: Callable[..., Any]
+    space: dict[str, Any]
+    max_evals: int
+    np: int
+    metric: str
+    seed: int
+    early_stop_rounds: int | None
+    fixed: dict[str, Any]
+    runner_options: dict[str, Any]
+    warm: bool = True
+    rule: Rule | None = None
+    sign: float = 1.0  # +1: the metric is minimised; -1: maximised (hyperopt's loss = -value)
+
+
+@dataclass
+class Notes:
+    """What the sweep said once (not per trial)."""
+
+    no_metric: bool = False
+    ignored: bool = False
+
+
+def run_trial(
+    client: Any,
+    index: int,
+    params: dict[str, Any],
+    plan: Plan,
+    runner: HorovodRunner,
+    done: list[dict[str, Any]] | None = None,
+    notes: Notes | None = None,
+) -> dict[str, Any]:
+    """One trial as a child run: the distributed job, then its loss (hyperopt's result).
+
+    ``done``: the results of the trials before it, which a pruning rule compares it with.
+    """
+    import mlflow
+    from hyperopt import STATUS_FAIL, STATUS_OK
+
+    values = {k: plain(v) for k, v in params.items()}
+    run_params = {**trial_params(plan), **values}
+    judge = None
+    if plan.rule is not None:
+        judge = TrialJudge(plan.rule, History.from_results(done or [], plan.sign),
+                           plan.metric, plan.sign, _planned_epochs(run_params))
+    with mlflow.start_run(nested=True, run_name=f"trial-{index}") as child:
+        run_id = child.info.run_id
+        client.set_tag(run_id, f"{TAG}trial", str(index))
+        # every argument of the trial, not only the sampled ones: trials and plain runs of
+        # the same function share one set of columns in the MLflow UI
+        mlflow.log_params(run_params)
+        t0 = time.monotonic()
+        runner.epoch_judge = judge
+        try:
+            runner.log_prefix = f"[trial {index}]"
+            runner.run(plan.train_fn, **values, **plan.fixed)
+        except MlflowHvdError as exc:
+            mlflow.end_run("FAILED")
+            return {"status": STATUS_FAIL, "error": str(exc).splitlines()[0], "run_id": run_id,
+                    **_judged(judge, index, plan, None)}  # a failure: nothing to say of it
+        finally:
+            runner.epoch_judge = None
+        wall = time.monotonic() - t0
+        history = client.get_metric_history(run_id, plan.metric)
+        if not history:
+            mlflow.end_run("FAILED")
+            return {
+                "status": STATUS_FAIL,
+                "run_id": run_id,
+                "error": f"the trial logged no value of the metric {plan.metric!r}",
+            }
+        value = float(max(history, key=lambda m: (m.step, m.timestamp)).value)
+        judged = _judged(judge, index, plan, notes)
+        if judged.get("pruned_at_epoch"):
+            client.set_tag(run_id, f"{TAG}pruned_at_epoch", str(judged["pruned_at_epoch"]))
+        mlflow.log_metric("trial_wall_seconds", wall)
+        return {"status": STATUS_OK, "loss": plan.sign * value, "value": value,
+                "run_id": run_id, **judged}
+
+
+def _judged(judge: TrialJudge | None, index: int, plan: Plan,
+            notes: Notes | None) -> dict[str, Any]:
+    """What the trial's pruning judge saw, for its hyperopt result; says once per sweep
+    (``notes``) when a trial gave the judge nothing to work with or trained on past a
+    stop."""
+    if judge is None:
+        return {}
+    outcome = judge.outcome()
+    notes = notes or Notes(no_metric=True, ignored=True)  # None: say nothing
+    if not outcome.curve and not notes.no_metric:
+        notes.no_metric = True
+        log.warning(
+            "mlflow_hvd: sweep prune=%r: trial %d logged no value of %r with a step, so it "
+            "cannot be pruned (nor any trial like it): log it per epoch with MlflowCallback "
+            "or mlflow_hvd.tracking.log_metrics({%r: value}, step=epoch)",
+            plan.rule.name if plan.rule else None, index, plan.metric, plan.metric)
+    if outcome.ignored_at_epoch and not notes.ignored:
+        notes.ignored = True
+        log.warning(
+            "mlflow_hvd: trial %d was to stop after epoch %d but trained on: call "
+            "mlflow_hvd.tracking.should_prune() on every rank after each epoch's metrics "
+            "are logged and leave the loop when it returns True (MlflowCallback does)",
+            index, outcome.ignored_at_epoch)
+    return {"curve": list(outcome.curve), "pruned_at_epoch": outcome.pruned_at_epoch,
+            "planned_epochs": judge.max_epochs}
+
+
+def _planned_epochs(run_params: Mapping[str, Any]) -> int | None:
+    """How many epochs the trial is set to train: its ``epochs`` argument, if it has one."""
+    epochs = run_params.get("epochs")
+    return epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None
+
+
+def trial_params(plan: Plan) -> dict[str, Any]:
+    """``np``, the fixed params and the training function's defaults that are plain values
+    (what the trial runs with besides the sampled params)."""
+    import inspect
+
+    out: dict[str, Any] = {"np": plan.np}
+    try:
+        signature = inspect.signature(plan.train_fn)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        for name, p in signature.parameters.items():
+            if isinstance(p.default, bool | int | float | str):
+                out[name] = p.default
+    out.update({k: plain(v) for k, v in plan.fixed.items()})
+    return out

@@ -173,11 +173,10 @@ def request_router(
     on_credentials: Callable[[AskCredentials], object] | None = None,
 ) -> Callable[[object], object]:
     """Who answers each request: rank 0's tracking writes and epoch reports go to
-    ``on_tracking_write``, a
-    Spark task's layout to ``on_layout``, rank 0's request for the driver's MLflow client
-    settings to ``on_credentials``, others to ``on_other``; ``Retire`` when nobody handles it
-    (rank 0 then reports its records refused; a task starts no worker; rank 0 goes on
-    without settings)."""
+    ``on_tracking_write``, a Spark task's layout to ``on_layout``, rank 0's request for the
+    driver's MLflow client settings to ``on_credentials``, others to ``on_other``;
+    ``Retire`` when nobody handles it (rank 0 then reports its records refused, or trains
+    on; a task starts no worker; rank 0 goes on without settings)."""
 
     def on_request(request: object) -> object:
         if isinstance(request, TrackingWrite | EpochReport):

@@ -21,7 +21,7 @@ class MlflowCallback(keras.callbacks.Callback):
     whether the sweep stops this trial, and ``fit`` ends there on every rank alike.
 
     Place it after :class:`~mlflow_hvd.keras.MetricAverageCallback` so the logged metrics
-    are global averages. On other ranks it does nothing.
+    are global averages. On other ranks it logs nothing.
 
     Args:
         checkpoint: Save model + optimizer every epoch (MLflow's checkpoint layout).

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlflow_hvd.common.options import check_positive_int
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.messages import EpochReport, EpochVerdict
 
@@ -65,8 +66,8 @@ class MedianRule:
     name: str = field(default="median", init=False)
 
     def __post_init__(self) -> None:
-        _positive("grace_epochs", self.grace_epochs)
-        _positive("min_trials", self.min_trials)
+        check_positive_int("grace_epochs", self.grace_epochs)
+        check_positive_int("min_trials", self.min_trials)
 
     def cut(self, earlier: Sequence[Curve], epoch: int) -> Cut | None:
         if epoch < self.grace_epochs or sum(c.finished for c in earlier) < self.min_trials:
@@ -90,9 +91,8 @@ class AshaRule:
     name: str = field(default="asha", init=False)
 
     def __post_init__(self) -> None:
-        _positive("grace_epochs", self.grace_epochs)
-        if isinstance(self.eta, bool) or not isinstance(self.eta, int) or self.eta < 2:
-            raise ConfigurationError(f"eta must be an integer >= 2, got {self.eta!r}")
+        check_positive_int("grace_epochs", self.grace_epochs)
+        check_positive_int("eta", self.eta, 2)
 
     def rungs(self, max_epochs: int) -> list[int]:
         out, rung = [], self.grace_epochs
@@ -225,11 +225,6 @@ def describe(rule: Rule | None) -> dict[str, Any]:
         return {"prune": "none"}
     fields = {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule) if f.init}
     return {"prune": rule.name, **{f"prune_{k}": v for k, v in fields.items()}}
-
-
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def _ordinal(n: int) -> str:

@@ -16,6 +16,7 @@ against the same job without pruning (``should_prune`` returns at once): the dif
 per epoch is the report to the driver plus the broadcast of its answer. Rounds alternate.
 
     .venv/bin/python benchmarks/sweep_pruning.py [--seeds 3] [--trials 16] [--epochs 8]
+        [--rules median,asha,asha:2]
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--rules", default="median,asha")
+    parser.add_argument("--rules", default="median,asha",
+                        help="pruned arms, comma-separated: median or asha, each with an "
+                        "optional :grace_epochs (asha:2)")
     parser.add_argument("--cost-epochs", type=int, default=200)
     parser.add_argument("--cost-rounds", type=int, default=5)
     args = parser.parse_args()
@@ -129,9 +132,10 @@ def main() -> None:
         order = arms[seed % len(arms):] + arms[:seed % len(arms)]
         for arm in order:
             t0 = time.monotonic()
+            rule, _, grace = arm.partition(":")
             result = sweep(digits_keras.train, space, max_evals=args.trials, np=args.np,
                            seed=seed, fixed_params=fixed, runner_options=runner_options,
-                           prune=None if arm == "none" else arm)
+                           prune=None if arm == "none" else rule, grace_epochs=int(grace or 1))
             walls[arm].append(time.monotonic() - t0)
             children = client.search_runs(
                 [client.get_run(result.parent_run_id).info.experiment_id],
@@ -142,7 +146,7 @@ def main() -> None:
             best[arm].append(result.best_loss)
             test[arm].append(client.get_run(result.best_run_id).data.metrics["test_loss"])
             pruned[arm].append(float(result.pruned_trials))
-            print(f"seed {seed} {arm:>6}: best val_loss {result.best_loss:.4f} (its test_loss "
+            print(f"seed {seed} {arm:>8}: best val_loss {result.best_loss:.4f} (its test_loss "
                   f"{test[arm][-1]:.4f}), "
                   f"{epochs[arm][-1]:.0f} epochs, {result.pruned_trials} pruned, "
                   f"{walls[arm][-1]:.1f} s", flush=True)
@@ -150,14 +154,14 @@ def main() -> None:
     print(f"\n{args.trials} trials x {args.epochs} epochs, np={args.np}, seeds "
           f"0..{args.seeds - 1} (min / median / max over seeds)")
     for arm in arms:
-        print(f"{arm:>6}: best val_loss {_mmm(best[arm])}   its test_loss {_mmm(test[arm])}   "
+        print(f"{arm:>8}: best val_loss {_mmm(best[arm])}   its test_loss {_mmm(test[arm])}   "
               f"epochs "
               f"{_mmm(epochs[arm], '{:.0f}')}   wall {_mmm(walls[arm], '{:.1f}')} s   pruned "
               f"{_mmm(pruned[arm], '{:.0f}')}")
     for arm in arms[1:]:
         e = [a / b for a, b in zip(epochs[arm], epochs["none"], strict=True)]
         w = [a / b for a, b in zip(walls[arm], walls["none"], strict=True)]
-        print(f"{arm:>6} / none, per seed: epochs {_mmm(e, '{:.2f}')}   wall "
+        print(f"{arm:>8} / none, per seed: epochs {_mmm(e, '{:.2f}')}   wall "
               f"{_mmm(w, '{:.2f}')}")
         for name, values in (("best val_loss", best), ("its test_loss", test)):
             lo, hi = min(values["none"]), max(values["none"])

@@ -31,16 +31,20 @@ def _report(step: int, value: float, key: str = "val_loss") -> EpochReport:
 
 # --- the rules ------------------------------------------------------------------------
 
-def test_median_rule_waits_for_finished_trials_then_cuts_at_the_median_of_best_values() -> None:
+def test_median_rule_waits_for_finished_trials_then_cuts_at_the_median_of_values() -> None:
     rule = MedianRule(grace_epochs=1, min_trials=3)
     two = _curves((1.0, 0.5), (2.0, 0.9))
     assert rule.cut(two, 1) is None  # only two earlier trials finished
     three = two + _curves((3.0, 0.7))
     cut = rule.cut(three, 1)
     assert cut is not None and (cut.threshold, cut.trials) == (2.0, 3)
-    # best value in the first two epochs: 0.5, 0.9, 0.7 -> median 0.7
+    # values at epoch 2: 0.5, 0.9, 0.7 -> median 0.7
     cut2 = rule.cut(three, 2)
     assert cut2 is not None and cut2.threshold == 0.7
+    # the value at the epoch, not the best so far: a lucky epoch 1 is no bar at epoch 2
+    lucky = _curves((0.1, 0.9), (0.2, 0.8), (0.3, 0.6))
+    cut_lucky = rule.cut(lucky, 2)
+    assert cut_lucky is not None and cut_lucky.threshold == 0.8
     # a pruned trial counts where it got to, not towards the finished ones
     pruned = three + _curves((0.1,), finished=False)
     cut_pruned = rule.cut(pruned, 1)
@@ -68,6 +72,11 @@ def test_asha_rule_judges_only_at_rungs_and_keeps_the_top_third() -> None:
     six = earlier + _curves((0.5,), (0.7,), (9.0,), finished=False)
     cut6 = rule.cut(six, 1)
     assert cut6 is not None and cut6.threshold == 0.7  # 7 reached: the best 2 go on
+    # at a rung, values at the rung are ranked (the trial's own too), not bests so far
+    noisy = _curves((1.0, 0.1, 0.9), (1.0, 0.5, 0.6), (1.0, 0.6, 0.7))
+    cut3 = rule.cut(noisy, 3)
+    assert cut3 is not None and cut3.threshold == 0.6
+    assert AshaRule.own([1.0, 0.2, 0.65]) == 0.65 and MedianRule.own([1.0, 0.2, 0.65]) == 0.2
 
 
 def test_rule_settings_are_checked_by_name() -> None:
@@ -106,6 +115,17 @@ def test_judge_counts_epochs_by_distinct_steps_and_prunes_a_worse_trial() -> Non
     assert "median: its lowest val_loss in 2 epochs, 0.7, is worse than the median" in (
         second.reason)
     assert judge.outcome().curve == (0.9, 0.7) and judge.outcome().pruned_at_epoch == 2
+
+
+def test_asha_judge_ranks_the_value_at_the_rung_not_a_lucky_epoch_before_it() -> None:
+    history = History(_curves((1.0, 0.5, 0.4), (1.2, 0.6, 0.5), (0.8, 0.45, 0.3)))
+    judge = TrialJudge(AshaRule(), history, "val_loss", 1.0, max_epochs=9)
+    assert not judge(_report(0, 0.7)).prune  # rung 1: 0.7 is the best of 4
+    assert not judge(_report(1, 0.1)).prune  # epoch 2 is no rung
+    third = judge(_report(2, 0.35))  # rung 3: 0.35 behind 0.3, whatever epoch 2 was
+    assert (third.prune, third.epoch) == (True, 3)
+    assert third.reason == ("asha: its val_loss at epoch 3, 0.35, is worse than the top 1/3 "
+                            "(the 1st best) of 3 earlier trials at epoch 3 (0.3)")
 
 
 def test_judge_never_prunes_at_the_last_epoch_and_notices_a_trial_that_trains_on() -> None:

@@ -8,8 +8,12 @@ trials before it (:class:`History`, rebuilt from the saved hyperopt results when
 resumed, so a resumed sweep decides as an uninterrupted one would) and answers at once.
 
 Values are compared "lower is better" after multiplying by the sweep's sign (-1 when the
-metric is maximised). A trial is compared by its best value in its first ``k`` epochs,
-which a single noisy epoch cannot make look worse than the trial is.
+metric is maximised). The rules are the published ones: the median rule compares a trial's
+best value in its first ``k`` epochs with the median of the earlier trials' values *at*
+epoch ``k`` (Optuna's ``MedianPruner``), ASHA ranks the trials by their value at the rung
+(Li et al.; Ray Tune, Optuna). An earlier trial's best-so-far would be a biased bar: on a
+noisy curve it is the luckiest epoch, lower than the value the trial ends with, and it
+stops trials that would have ended better.
 
 Epochs are counted, not read from the step: the ``k``-th distinct step a trial reported is
 its epoch ``k`` (1-based), whatever step numbering the training function uses; a restarted
@@ -38,15 +42,16 @@ class Curve:
     values: tuple[float, ...]
     finished: bool
 
-    def best(self, epochs: int) -> float:
-        """The best signed value of the first ``epochs`` epochs."""
-        return min(self.values[:epochs])
+    def at(self, epoch: int) -> float:
+        """The signed value at (1-based) ``epoch``."""
+        return self.values[epoch - 1]
 
 
 @dataclass(frozen=True)
 class Cut:
-    """A rule's bar at one epoch: a trial whose best value so far is above ``threshold``
-    (signed) is pruned; ``what`` and ``trials`` say where the bar comes from."""
+    """A rule's bar at one epoch: a trial whose own value (the rule's :meth:`own`) is above
+    ``threshold`` (signed) is pruned; ``what`` and ``trials`` say where the bar comes
+    from."""
 
     threshold: float
     what: str
@@ -58,8 +63,8 @@ class MedianRule:
     """Median stopping (Google Vizier; Optuna's ``MedianPruner``, Ray Tune's
     ``MedianStoppingRule``): once ``min_trials`` earlier trials have finished, stop a trial
     after epoch ``k >= grace_epochs`` when its best value so far is worse than the median
-    of the earlier trials' best values in their first ``k`` epochs (over the earlier trials,
-    finished or pruned, that reached epoch ``k``)."""
+    of the earlier trials' values at epoch ``k`` (over the earlier trials, finished or
+    pruned, that reached epoch ``k``)."""
 
     grace_epochs: int = 1
     min_trials: int = 3
@@ -72,19 +77,29 @@ class MedianRule:
     def cut(self, earlier: Sequence[Curve], epoch: int) -> Cut | None:
         if epoch < self.grace_epochs or sum(c.finished for c in earlier) < self.min_trials:
             return None
-        reached = [c.best(epoch) for c in earlier if len(c.values) >= epoch]
+        reached = [c.at(epoch) for c in earlier if len(c.values) >= epoch]
         if len(reached) < self.min_trials:
             return None
         return Cut(statistics.median(reached), "the median", len(reached))
+
+    @staticmethod
+    def own(signed: Sequence[float]) -> float:
+        """What of the judged trial is held against the bar: its best value so far."""
+        return min(signed)
+
+    @staticmethod
+    def own_words(metric: str, epoch: int, sign: float) -> str:
+        return (f"its {'lowest' if sign > 0 else 'highest'} {metric} in {epoch} "
+                f"epoch{'s' if epoch != 1 else ''}")
 
 
 @dataclass(frozen=True)
 class AshaRule:
     """Asynchronous successive halving (ASHA, Li et al. 2020; Ray Tune's
     ``ASHAScheduler`` in its stopping form): rungs at epochs ``grace_epochs * eta**j``; at a
-    rung, a trial goes on only if its best value so far is among the top ``1/eta`` of the
-    trials that reached the rung, itself included (at least the best one goes on). A rung
-    judges once at least ``eta`` earlier trials reached it."""
+    rung, a trial goes on only if its value at the rung is among the top ``1/eta`` of the
+    values of the trials that reached the rung, itself included (at least the best one
+    goes on). A rung judges once at least ``eta`` earlier trials reached it."""
 
     grace_epochs: int = 1
     eta: int = 3
@@ -104,7 +119,7 @@ class AshaRule:
     def cut(self, earlier: Sequence[Curve], epoch: int) -> Cut | None:
         if epoch not in self.rungs(epoch):
             return None
-        reached = sorted(c.best(epoch) for c in earlier if len(c.values) >= epoch)
+        reached = sorted(c.at(epoch) for c in earlier if len(c.values) >= epoch)
         if len(reached) < self.eta:
             return None
         # with this trial, n = len(reached) + 1 reached the rung; the top max(1, n // eta)
@@ -112,6 +127,15 @@ class AshaRule:
         keep = max(1, (len(reached) + 1) // self.eta)
         return Cut(reached[keep - 1], f"the top 1/{self.eta} (the {_ordinal(keep)} best)",
                    len(reached))
+
+    @staticmethod
+    def own(signed: Sequence[float]) -> float:
+        """What of the judged trial is held against the bar: its value at the rung."""
+        return signed[-1]
+
+    @staticmethod
+    def own_words(metric: str, epoch: int, sign: float) -> str:
+        return f"its {metric} at epoch {epoch}"
 
 
 Rule = MedianRule | AshaRule
@@ -202,15 +226,14 @@ class TrialJudge:
         if self.max_epochs is not None and epoch >= self.max_epochs:
             return EpochVerdict(False, epoch)  # its last epoch: nothing left to save
         cut = self.rule.cut(self.history.curves, epoch)
-        mine = min(signed)
+        mine = self.rule.own(signed)
         if cut is None or not mine > cut.threshold:
             return EpochVerdict(False, epoch)
-        word = "lowest" if self.sign > 0 else "highest"
+        own = self.rule.own_words(self.metric, epoch, self.sign)
         return EpochVerdict(
             True, epoch,
-            f"{self.rule.name}: its {word} {self.metric} in {epoch} epoch"
-            f"{'s' if epoch != 1 else ''}, {self.sign * mine:.6g}, is worse than {cut.what} "
-            f"of {cut.trials} earlier trials ({self.sign * cut.threshold:.6g})")
+            f"{self.rule.name}: {own}, {self.sign * mine:.6g}, is worse than {cut.what} of "
+            f"{cut.trials} earlier trials at epoch {epoch} ({self.sign * cut.threshold:.6g})")
 
     def outcome(self) -> Outcome:
         with self._lock:

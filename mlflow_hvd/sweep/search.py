@@ -106,9 +106,9 @@ def sweep(
         parent_run_id: Resume this sweep run (its saved trials are not repeated). Default:
             the active run, else a new parent run.
         prune: ``"median"`` (stop a trial whose best value so far is worse than the median of
-            the earlier trials at the same epoch, once 3 trials finished), ``"asha"``
+            the earlier trials' values at the same epoch, once 3 trials finished), ``"asha"``
             (successive halving, rungs at ``grace_epochs * 3**k``: past a rung only the top
-            third), a :class:`~mlflow_hvd.sweep.MedianRule` / :class:`~mlflow_hvd.sweep.AshaRule`
+            third by the value at the rung), a :class:`~mlflow_hvd.sweep.MedianRule` / :class:`~mlflow_hvd.sweep.AshaRule`
             with other settings, or None (every trial trains to its end).
         grace_epochs: Epochs every trial trains before it can be pruned.
         mode: ``"min"`` or ``"max"``; default: ``"max"`` when the metric's name says

@@ -108,8 +108,9 @@ def sweep(
         prune: ``"median"`` (stop a trial whose best value so far is worse than the median of
             the earlier trials' values at the same epoch, once 3 trials finished), ``"asha"``
             (successive halving, rungs at ``grace_epochs * 3**k``: past a rung only the top
-            third by the value at the rung), a :class:`~mlflow_hvd.sweep.MedianRule` / :class:`~mlflow_hvd.sweep.AshaRule`
-            with other settings, or None (every trial trains to its end).
+            third by the value at the rung), a :class:`~mlflow_hvd.sweep.MedianRule` /
+            :class:`~mlflow_hvd.sweep.AshaRule` with other settings, or None (every trial
+            trains to its end).
         grace_epochs: Epochs every trial trains before it can be pruned.
         mode: ``"min"`` or ``"max"``; default: ``"max"`` when the metric's name says
             accuracy, AUC, precision, recall, F1, R2 or score, else ``"min"``.

@@ -109,6 +109,18 @@ class Terminated(KeyboardInterrupt):
     """
 
 
+# What Horovod and Gloo say on the surviving ranks when a peer dies mid-collective.
+PEER_LOSS_MARKS = (
+    "Horovod has been shut down",
+    "HorovodInternalError",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "__wrapped__HorovodAllreduce",
+    "__wrapped__HorovodBroadcast",
+    "__wrapped__HorovodAllgather",
+)
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """What is known about one failed rank.
@@ -132,6 +144,13 @@ class RankFailure:
     traceback: str
     output_tail: tuple[str, ...]
     timestamp: float
+
+    @property
+    def lost_a_peer(self) -> bool:
+        """Whether this rank failed in a Horovod collective because another rank went away
+        (Horovod shut down, Gloo's connection closed): a consequence, not a cause."""
+        text = f"{self.error}\n{self.traceback}"
+        return any(mark in text for mark in PEER_LOSS_MARKS)
 
     def describe_exit(self) -> str:
         """Human-readable exit status, e.g. ``exit code 3`` or ``killed by signal SIGKILL``."""

@@ -401,3 +401,24 @@ def test_task_gate_counts_admitted_tasks_until_they_leave() -> None:
     assert gate.remaining() == [0]
     gate.left(0)
     assert gate.remaining() == []
+
+
+def test_a_rank_killed_comes_before_the_ranks_whose_collective_lost_it() -> None:
+    """The rank that died is the root cause even when a survivor's failed allreduce reached
+    the driver first (a race: the survivor's Gloo notices before the agent's waitpid)."""
+    from mlflow_hvd.driver.supervisor import JobRecord
+
+    job = JobRecord(np=3)
+    job.errors[1] = WorkerError(1, "node-a", "UnknownError: {{function_node "
+                                "__wrapped__HorovodAllreduce_grads_0}} Horovod has been shut "
+                                "down. [Op:HorovodAllreduce]", "tb1", 1.0)
+    job.exited[1] = WorkerExited(1, "node-a", 1, 1.1)
+    job.exited[2] = WorkerExited(2, "node-b", -9, 1.2)
+    job.exited[0] = WorkerExited(0, "node-a", 0, 1.3)
+    failures, _, _ = job.failures()
+    assert [(f.rank, f.lost_a_peer) for f in failures] == [(2, False), (1, True)]
+    # a genuine error stays first by time, even if it happened inside a collective's step
+    job.errors[0] = WorkerError(0, "node-a", "ValueError: bad batch", "tb0", 0.5)
+    job.exited[0] = WorkerExited(0, "node-a", 1, 0.6)
+    failures, _, _ = job.failures()
+    assert [f.rank for f in failures] == [0, 2, 1]

@@ -181,7 +181,10 @@ class JobRecord:
         return bool(set(self.errors) - set(self.exited))
 
     def failures(self) -> tuple[list[RankFailure], list[int], list[int]]:
-        """(failures sorted by time, ranks stopped by the driver, ranks never reported).
+        """(failures, root cause first, ranks stopped by the driver, ranks never reported).
+
+        Failures are in time order, except that ranks that failed because a peer left a
+        collective (:attr:`RankFailure.lost_a_peer`) come after the others.
 
         A rank without an exit report counts as stopped only if the driver did stop the
         job (cancelling a Spark job ends its tasks before they can report); otherwise its
@@ -199,7 +202,9 @@ class JobRecord:
                     stopped.append(rank)
             else:
                 out.append(self._failure(rank, err, ex))
-        out.sort(key=lambda f: f.timestamp)
+        # a rank whose collective failed because a peer went away is that peer's victim:
+        # whichever failure the driver heard of first, the peer's own comes first
+        out.sort(key=lambda f: (f.lost_a_peer, f.timestamp))
         return out, stopped, unreported
 
     def _failure(self, rank: int, err: WorkerError | None, ex: WorkerExited | None) -> RankFailure:

@@ -63,11 +63,10 @@ class MedianRule:
     """Median stopping as Optuna's ``MedianPruner`` defines it (Google Vizier and Ray Tune's
     ``MedianStoppingRule`` take the median of running averages instead, a laxer bar: the
     digits sweep, replayed, trained 0.52x its epochs with it, 0.34x with this one): once
-    ``min_trials`` earlier trials
-    have finished, stop a trial
-    after epoch ``k >= grace_epochs`` when its best value so far is worse than the median
-    of the earlier trials' values at epoch ``k`` (over the earlier trials, finished or
-    pruned, that reached epoch ``k``)."""
+    ``min_trials`` earlier trials have finished, stop a trial after epoch
+    ``k >= grace_epochs`` when its best value so far is worse than the median of the
+    earlier trials' values at epoch ``k`` (over the earlier trials, finished or pruned,
+    that reached epoch ``k``)."""
 
     grace_epochs: int = 1
     min_trials: int = 3

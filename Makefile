@@ -14,6 +14,7 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check mlflow_hvd tests examples benchmarks
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/bars.py
 	$(VENV)/bin/ruff format --check mlflow_hvd tests examples benchmarks
 
 typecheck: setup
@@ -22,6 +23,7 @@ typecheck: setup
 test: setup
 	$(VENV)/bin/ruff check mlflow_hvd tests examples benchmarks
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/bars.py
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 	bash scripts/old_end.sh

@@ -80,6 +80,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     from mlflow_hvd import HorovodRunner
+    from mlflow_hvd.runner import RunHooks
     from mlflow_hvd.sweep import sweep
     from mlflow_hvd.sweep.pruning import History, MedianRule, TrialJudge
 
@@ -107,11 +108,11 @@ def main() -> None:
         runner.run(empty_epochs, epochs=args.cost_epochs)  # warm-up: first-job costs
         for _ in range(args.cost_rounds):
             for judged in (True, False):
-                runner.epoch_judge = (TrialJudge(MedianRule(grace_epochs=10**9), History(),
-                                                 "val_loss", 1.0, None) if judged else None)
-                per_epoch = runner.run(empty_epochs, epochs=args.cost_epochs)
+                judge = (TrialJudge(MedianRule(grace_epochs=10**9), History(), "val_loss",
+                                    1.0, None) if judged else None)
+                per_epoch = runner._run_with(RunHooks(epoch_judge=judge), empty_epochs,
+                                             {"epochs": args.cost_epochs})
                 (on if judged else off).append(per_epoch * 1000)
-        runner.epoch_judge = None
     print(f"per-epoch cost, {args.cost_rounds} alternated rounds of {args.cost_epochs} empty "
           f"epochs on np={args.np} (min / median / max, ms):")
     print(f"  judged (report + broadcast):  {_mmm(on, '{:.2f}')}")

@@ -2,10 +2,12 @@
 
 ``HorovodRunner(np=...)`` is an open, working take on Databricks' HorovodRunner API.
 
-Package map (see README "Architecture"): ``runner`` (public API) and ``driver/`` run in the
-user's process; ``backends/`` start ranks (``backends/spark/task.py`` on executors);
-``agent/`` hosts one rank's process; ``rank/`` runs inside it; ``tracking/``, ``keras/``
-and ``data`` are used by training code; ``sweep/`` and ``cli/`` drive whole jobs.
+Package map (README "Architecture" lists every module): ``runner`` (public API),
+``driver/``, ``backends/``, ``sweep/`` and ``cli/`` run in the user's process (the driver);
+``agent/`` hosts one rank's process on its host (``agent/spark_task.py`` in a Spark barrier
+task on an executor); ``rank/`` runs inside that process; ``tracking/``, ``keras/``,
+``torch/`` and ``data`` are what training code calls there; ``common/``, ``protocol/`` and
+``errors`` are shared by every side.
 
 Attributes are imported lazily, so a rank's ``import mlflow_hvd`` does not pull in the
 driver stack (horovod's rendezvous server, Spark).

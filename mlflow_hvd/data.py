@@ -1,4 +1,5 @@
-"""Per-rank data sharding: every rank gets a distinct, equal-size shard.
+"""Rank side (inside the training function): per-rank data sharding, every rank gets a
+distinct, equal-size shard.
 
 Equal shard sizes matter in synchronous data-parallel training: with unequal shards one rank
 runs out of batches first and the others block in an allreduce it never joins. The

@@ -1,12 +1,15 @@
-"""``HorovodRunner``: the API of Databricks' ``sparkdl.HorovodRunner``, open and real."""
+"""Driver side (the user's process): ``HorovodRunner``, the API of Databricks'
+``sparkdl.HorovodRunner``, open and real."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -14,14 +17,16 @@ import cloudpickle
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.backends.local import LocalBackend
 from mlflow_hvd.backends.spark.boot import SessionBoot
-from mlflow_hvd.backends.spark.master import standalone_addresses
 from mlflow_hvd.common import compat
-from mlflow_hvd.common.horovod_env import HorovodOptions, job_env
-from mlflow_hvd.common.options import check_np, check_positive_int, check_seconds
-from mlflow_hvd.driver import DriverSettings, Verbosity, new_job_id, resolve_host, run_job
+from mlflow_hvd.common.horovod_env import HorovodOptions
+from mlflow_hvd.common.options import check_np
+from mlflow_hvd.driver.job import Job, new_job_id, resolve_host
+from mlflow_hvd.driver.options import runner_options
 from mlflow_hvd.driver.payload import dumps_code, dumps_payload
+from mlflow_hvd.driver.pool import RankPool
 from mlflow_hvd.driver.retry import Decision, RetryPolicy
 from mlflow_hvd.driver.signals import sigterm_interrupts
+from mlflow_hvd.driver.supervisor import DriverSettings
 from mlflow_hvd.driver.tracking import attempts
 from mlflow_hvd.errors import (
     BackendError,
@@ -33,7 +38,6 @@ from mlflow_hvd.protocol.credentials import collect as collect_credentials
 from mlflow_hvd.protocol.messages import Code, TrackingTarget, UndeliveredTracking
 
 if TYPE_CHECKING:
-    from mlflow_hvd.driver.pool import RankPool
     from mlflow_hvd.driver.tracking.epochs import EpochJudge
 
 log = logging.getLogger(__name__)
@@ -90,8 +94,6 @@ class HorovodRunner:
             :class:`~mlflow_hvd.errors.RetriesExhaustedError` carries every cause.
             Workers can read their attempt with :func:`mlflow_hvd.attempt`.
 
-        log_prefix: Put before every worker line shown on the driver (the sweep uses
-            ``"[trial N]"``).
         idle_timeout: Inside ``with runner:``, warm ranks that wait longer than this for
             the next ``run`` are retired (their Spark slots freed); the next ``run`` starts
             new ones.
@@ -146,72 +148,35 @@ class HorovodRunner:
         tracking_timeout: float = 30.0,
         undelivered_dir: str | None = None,
         max_failures: int = 0,
-        log_prefix: str = "",
         idle_timeout: float = 3600.0,
         horovod: HorovodOptions | None = None,
         gpu_resource: str = "gpu",
         tracking_env: Sequence[str] = (),
     ) -> None:
         self.num_processor = check_np(np)
-        try:
-            verbosity = Verbosity(driver_log_verbosity)
-        except ValueError:
-            raise ConfigurationError(
-                f"driver_log_verbosity must be 'all' or 'log_callback_only', got "
-                f"{driver_log_verbosity!r}"
-            ) from None
-        self.driver_log_verbosity = verbosity.value
-        self._settings = DriverSettings(
-            verbosity=verbosity,
-            start_timeout=check_seconds("start_timeout", start_timeout),
-            run_timeout=None if timeout is None else check_seconds("timeout", timeout),
-            stop_grace=check_seconds("stop_grace", stop_grace),
-            max_line_bytes=check_positive_int("max_line_bytes", max_line_bytes, 80),
-            gloo_iface=gloo_iface,
-            log_prefix=str(log_prefix),
-            idle_timeout=check_seconds("idle_timeout", idle_timeout),
-            horovod_env=_horovod_env(horovod),
-            gpu_resource=_resource_name(gpu_resource),
-        )
-        self._slot_timeout = check_seconds("slot_timeout", slot_timeout)
+        """``np`` under the attribute name of Databricks' HorovodRunner."""
+        self._options = runner_options(
+            driver_log_verbosity, start_timeout, slot_timeout, timeout, stop_grace,
+            spark_master, gloo_iface, max_line_bytes, track, log_system_metrics,
+            tracking_timeout, undelivered_dir, max_failures, idle_timeout, horovod,
+            gpu_resource, tracking_env)
+        self.driver_log_verbosity = self._options.settings.verbosity.value
         self._spark = spark
-        if spark_master is not None and not isinstance(spark_master, str):
-            raise ConfigurationError(
-                f"spark_master must be a master URL such as 'spark://host:7077' (or None), got "
-                f"{type(spark_master).__name__}"
-            )
-        standalone_addresses(spark_master or "")  # a malformed spark:// URL fails now
-        self._spark_master = spark_master
-        self._track = bool(track)
-        self._system_metrics = bool(log_system_metrics)
-        self._tracking_timeout = check_seconds("tracking_timeout", tracking_timeout)
-        self._undelivered_dir = undelivered_dir
-        self._tracking_env = _env_names("tracking_env", tracking_env)
-        self._max_failures = check_positive_int("max_failures", max_failures, 0)
-        self._pool: RankPool | None = None
-        self._boot = SessionBoot(self.num_processor, spark_master, self._slot_timeout)
+        self._pool = RankPool(abs(self.num_processor), self._backend, warm=False)
+        self._boot = SessionBoot(self.num_processor, spark_master, self._options.slot_timeout)
         self.last_job_id: str | None = None
+        """Id of the latest job; for ``np > 0`` also its Spark job group (Spark UI)."""
         self.last_run_id: str | None = None
-        """Id of the latest run; for ``np > 0`` also its Spark job group (Spark UI)."""
-        self.epoch_judge: EpochJudge | None = None
-        """Decides after each epoch (rank 0 reports ``epoch_judge.metric``) whether a run
-        goes on: set by :func:`mlflow_hvd.sweep.sweep` when it prunes; None by default."""
+        """Id of the latest ``run``'s MLflow run (None without tracking)."""
 
     @property
     def np(self) -> int:
+        """The ``np`` this runner was made with."""
         return self.num_processor
 
-    @property
-    def log_prefix(self) -> str:
-        """Put before every worker line shown on the driver (settable between runs)."""
-        return self._settings.log_prefix
-
-    @log_prefix.setter
-    def log_prefix(self, prefix: str) -> None:
-        self._settings = dataclasses.replace(self._settings, log_prefix=str(prefix))
-
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
-        """Run ``main(**kwargs)`` on every rank, each in a fresh Python process.
+        """Run ``main(**kwargs)`` on every rank, each in a fresh Python process (or on the
+        warm ranks inside ``with runner:``).
 
         ``main`` and ``kwargs`` are cloudpickled (functions defined in the caller's own
         modules are pickled by value, so workers need not import them).
@@ -220,52 +185,59 @@ class HorovodRunner:
             The return value of ``main`` on rank 0.
 
         Raises:
+            ConfigurationError: ``main`` is not callable, or does not accept ``kwargs``
+                (a name it does not take, or one it needs missing); nothing was started.
             WorkerFailedError: A rank raised, exited non-zero or was killed; names the rank,
                 host, exit status and the rank's traceback (or last lines of output).
             UnsupportedVersionError: pyspark (``np > 0``) or TensorFlow (``np < 0``) outside
                 the supported versions, or ``TF_USE_LEGACY_KERAS`` set; nothing was started.
             StartTimeoutError, RunTimeoutError, InsufficientSlotsError, BackendError.
         """
-        if not callable(main):
-            raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
+        return self._run_with(RunHooks(), main, kwargs)
+
+    def _run_with(self, hooks: RunHooks, main: Callable[..., Any],
+                  kwargs: dict[str, Any]) -> Any:
+        """:meth:`run` with per-run ``hooks`` (the sweep's epoch judge and log prefix)."""
+        check_call(main, kwargs)
         compat.check_driver(self.num_processor)
         code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
         self._boot.new_run()  # the master is resolved once per run
         self.prepare()  # a new SparkSession boots while MLflow's run is being set up
+        settings = dataclasses.replace(self._options.settings, log_prefix=hooks.log_prefix)
         with sigterm_interrupts():
-            if not self._track:
-                return self._attempts(main, code, None)
+            if not self._options.track:
+                return self._attempts(main, code, None, settings, hooks)
             from mlflow_hvd.driver.tracking.run import driver_run
 
             with driver_run(
                 self.num_processor,
                 self._describe_backend(),
-                self._system_metrics,
-                self._tracking_timeout,
-                self._undelivered_dir,
+                self._options.system_metrics,
+                self._options.tracking_timeout,
+                self._options.undelivered_dir,
             ) as target:
                 self.last_run_id = target.run_id
-                return self._attempts(main, code, target)
+                return self._attempts(main, code, target, settings, hooks)
 
-    def _attempts(
-        self, main: Callable[..., Any], code: Code, target: TrackingTarget | None
-    ) -> Any:
+    def _attempts(self, main: Callable[..., Any], code: Code, target: TrackingTarget | None,
+                  settings: DriverSettings, hooks: RunHooks) -> Any:
         """Run the job; what follows a failure is :class:`RetryPolicy`'s decision: run it
         again (it never started), restart it as a new attempt in the same MLflow run (up to
         ``max_failures`` times), or raise."""
-        policy = RetryPolicy(self._max_failures)
+        max_failures, timeout = self._options.max_failures, self._options.tracking_timeout
+        policy = RetryPolicy(max_failures)
         failures: list[BaseException] = []
-        record = target if self._max_failures > 0 else None  # attempts only when retrying
+        record = target if max_failures > 0 else None  # attempts only when retrying
         attempt = reruns = 0
         while True:
             if reruns == 0:
-                log.info("attempt %d of %d of %s starts", attempt + 1,
-                         self._max_failures + 1, _name(main))
+                log.info("attempt %d of %d of %s starts", attempt + 1, max_failures + 1,
+                         _name(main))
                 if record is not None:
-                    attempts.started(record, attempt, self._tracking_timeout,
-                                     self._undelivered_root())
+                    attempts.started(record, attempt, timeout, self._undelivered_root())
             try:
-                return self._launch(main, code, target, attempt)
+                job = self._job(main, code, target, attempt, settings, hooks)
+                return cloudpickle.loads(self._pool.run(job, sys.stdout))
             except (WorkerFailedError, BackendError) as exc:
                 decision = policy.decide(exc, attempt, reruns)
                 if decision is Decision.RERUN:
@@ -275,59 +247,42 @@ class HorovodRunner:
                     continue
                 failures.append(exc)
                 if record is not None:
-                    attempts.failed(record, attempt, exc, self._tracking_timeout,
-                                    self._undelivered_root())
+                    attempts.failed(record, attempt, exc, timeout, self._undelivered_root())
                 if decision is Decision.GIVE_UP:
                     if len(failures) == 1:
                         raise
                     raise RetriesExhaustedError(failures) from exc
                 log.warning(
                     "mlflow_hvd: attempt %d of %d failed (%s); restarting the job%s",
-                    attempt + 1, self._max_failures + 1, str(exc).splitlines()[0],
+                    attempt + 1, max_failures + 1, str(exc).splitlines()[0],
                     " from its latest checkpoint" if target is not None else "",
                 )
                 attempt, reruns = attempt + 1, 0
 
-    def _launch(
-        self,
-        main: Callable[..., Any],
-        code: Code,
-        target: TrackingTarget | None,
-        attempt: int = 0,
-    ) -> Any:
-        self.last_job_id = job_id = new_job_id()
-        if target is not None and attempt > 0:  # an earlier attempt logged: rank 0 asks
-            target = dataclasses.replace(target, facts=None)
-        settings = self._settings
-        if target is not None:
-            # the driver's MLflow client settings, read now, for rank 0 over the channel
-            settings = dataclasses.replace(settings, credentials=collect_credentials(
-                os.environ, self._tracking_env))
-            target = dataclasses.replace(target,
-                                         authenticated=settings.credentials is not None)
-            if self.epoch_judge is not None:  # rank 0 reports the judged metric per epoch
-                target = dataclasses.replace(target, prune_metric=self.epoch_judge.metric)
-        payload = dumps_payload(code, target, attempt)
-        description = f"HorovodRunner(np={self.num_processor}).run({_name(main)})" + (
-            f" attempt {attempt}" if attempt else ""
-        )
+    def _job(self, main: Callable[..., Any], code: Code, target: TrackingTarget | None,
+             attempt: int, settings: DriverSettings, hooks: RunHooks) -> Job:
+        """One attempt's job: its payload, settings and who answers rank 0."""
+        job_id = self.last_job_id = new_job_id()
         writes = None  # rank 0's metrics, params and tags: the driver writes them
         if target is not None:
             from mlflow_hvd.driver.tracking.epochs import rank0_requests
             from mlflow_hvd.driver.tracking.relay import Relay
 
-            writes = rank0_requests(Relay(target).answer, self.epoch_judge, target.run_id)
-        if self._pool is not None:
-            value = self._pool.run(payload, description, sys.stdout, job_id,
-                                   self._save_undelivered, settings, writes)
-        else:
-            backend, driver_host = self._backend()
-            value = run_job(
-                abs(self.num_processor), payload, backend, settings, driver_host,
-                description, job_id=job_id, on_undelivered=self._save_undelivered,
-                on_tracking_write=writes,
-            )
-        return cloudpickle.loads(value)
+            # the driver's MLflow client settings, read now, for rank 0 over the channel
+            settings = dataclasses.replace(settings, credentials=collect_credentials(
+                os.environ, self._options.tracking_env))
+            target = dataclasses.replace(
+                target, authenticated=settings.credentials is not None,
+                # an earlier attempt logged: rank 0 asks the server what the run holds
+                facts=target.facts if attempt == 0 else None,
+                # rank 0 reports the judged metric per epoch
+                prune_metric=hooks.epoch_judge.metric if hooks.epoch_judge else "")
+            writes = rank0_requests(Relay(target).answer, hooks.epoch_judge, target.run_id)
+        description = f"HorovodRunner(np={self.num_processor}).run({_name(main)})" + (
+            f" attempt {attempt}" if attempt else "")
+        return Job(payload=dumps_payload(code, target, attempt), settings=settings,
+                   description=description, job_id=job_id, on_tracking_write=writes,
+                   on_undelivered=self._save_undelivered)
 
     def __enter__(self) -> HorovodRunner:
         """Keep the ranks warm between ``run`` calls until the ``with`` block ends.
@@ -340,18 +295,15 @@ class HorovodRunner:
         slots, on every exit path. Module-level state of user code (globals, TF settings
         made before ``hvd.init``, e.g. GPU visibility) carries over between jobs.
         """
-        if self._pool is not None:
+        if self._pool.warm:
             raise ConfigurationError("this HorovodRunner's ranks are already kept warm "
                                      "(nested `with runner:`)")
-        from mlflow_hvd.driver.pool import RankPool
-
-        self._pool = RankPool(abs(self.num_processor), self._backend, self._settings)
+        self._pool = RankPool(abs(self.num_processor), self._backend, warm=True)
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
+        pool = self._pool
+        self._pool = RankPool(abs(self.num_processor), self._backend, warm=False)
         try:
             pool.close()
         except Exception:
@@ -376,7 +328,7 @@ class HorovodRunner:
     def _undelivered_root(self) -> str:
         from mlflow_hvd.driver.tracking import undelivered
 
-        return self._undelivered_dir or undelivered.default_root()
+        return self._options.undelivered_dir or undelivered.default_root()
 
     def _describe_backend(self) -> dict[str, str]:
         """The backend's facts for the run's tags, without starting anything."""
@@ -406,7 +358,7 @@ class HorovodRunner:
     def _session(self) -> Any:
         if self._spark is not None:
             return self._spark
-        return self._boot.session(self._settings.start_timeout)
+        return self._boot.session(self._options.settings.start_timeout)
 
     def _backend(self) -> tuple[Backend, str]:
         if self.num_processor < 0:
@@ -415,36 +367,43 @@ class HorovodRunner:
 
         spark = self._session()
         host = spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
-        return SparkBackend(spark, self._slot_timeout), resolve_host(host)
+        return SparkBackend(spark, self._options.slot_timeout), resolve_host(host)
 
-
-def _env_names(name: str, value: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigurationError(
-            f"{name} must be a list of environment variable names, e.g. "
-            f"['AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY'], got {value!r}")
-    return tuple(value)
 
 
 def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def _horovod_env(options: HorovodOptions | None) -> tuple[tuple[str, str], ...]:
-    """Horovod's tuning for every rank: the driver's ``HOROVOD_*`` variables as they are
-    now, overridden by ``options`` (refuses the variables the runner owns)."""
-    import os
+@dataclass(frozen=True)
+class RunHooks:
+    """Per-run settings of a face built on the runner (internal: the sweep's), passed to
+    :meth:`HorovodRunner._run_with` rather than set on the runner."""
 
-    if options is not None and not isinstance(options, HorovodOptions):
+    epoch_judge: EpochJudge | None = None  # judges rank 0's per-epoch metric (pruning)
+    log_prefix: str = ""  # before every worker line shown on the driver, e.g. "[trial 3]"
+
+
+def check_call(main: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Refuses, on the driver, a ``main`` that is not callable or whose signature does not
+    accept ``kwargs`` (a name it does not take, or a required one missing).
+
+    Raises:
+        ConfigurationError: Naming ``main`` and the argument.
+    """
+    if not callable(main):
+        raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
+    try:
+        signature = inspect.signature(main)
+    except (TypeError, ValueError):  # a callable Python cannot describe: ranks will tell
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        plain = signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=signature.empty)
         raise ConfigurationError(
-            f"horovod must be a mlflow_hvd.HorovodOptions, got {type(options).__name__}")
-    return tuple(sorted(job_env(options, os.environ).items()))
-
-
-def _resource_name(name: str) -> str:
-    if not isinstance(name, str) or not name or not name.replace("_", "").replace(
-            "-", "").replace(".", "").isalnum():
-        raise ConfigurationError(
-            f"gpu_resource must be the name of a Spark resource (as in "
-            f"spark.task.resource.<name>.amount), got {name!r}")
-    return name
+            f"run({_name(main)}, ...): {exc} (main{plain}); run(main, **kwargs) calls "
+            "main(**kwargs) on every rank"
+        ) from None

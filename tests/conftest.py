@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -171,11 +171,19 @@ def worker_processes() -> list[psutil.Process]:
 
 def assert_no_workers_left(timeout: float = 20.0) -> None:
     """Poll until no worker process is alive; fail with their pids after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = worker_processes()
-        if not alive:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"worker processes survived the run: {[p.pid for p in alive]}")
-        time.sleep(0.1)
+    from services import wait_until
+
+    try:
+        wait_until(lambda: not worker_processes(), timeout, "the workers to end")
+    except TimeoutError:
+        pytest.fail(f"worker processes survived the run: {[p.pid for p in worker_processes()]}")
+
+
+def run_entry_point(module: str, *args: str, path: Path | None = None,
+                    env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``module``'s ``main(args)`` in a fresh interpreter (``path`` first on its
+    ``sys.path``), as its console script would."""
+    code = "import sys; " + (f"sys.path.insert(0, {str(path)!r}); " if path else "") + (
+        f"from {module} import main; sys.exit(main({list(args)!r}))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})

@@ -35,6 +35,7 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str,
     """Poll ``condition`` until it returns a truthy value; fail naming ``what`` after
     ``timeout`` seconds (or at once if ``proc`` exited)."""
     deadline = time.monotonic() + timeout
+    interval = 0.01  # doubling up to 0.25 s: quick conditions are seen quickly
     while True:
         try:
             value = condition()
@@ -46,7 +47,8 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str,
             raise RuntimeError(f"{what}: the process exited with {proc.returncode}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not within {timeout:g}s")
-        time.sleep(0.25)
+        time.sleep(interval)
+        interval = min(interval * 2, 0.25)
 
 
 def http_json(url: str) -> Any:

@@ -9,9 +9,10 @@ from collections.abc import Callable
 
 import cloudpickle
 import pytest
+from services import wait_until
 
 from mlflow_hvd.common.layout import assign_slots
-from mlflow_hvd.driver import DriverSettings, Verbosity, run_job
+from mlflow_hvd.driver import DriverSettings, Job, Verbosity, run_job
 from mlflow_hvd.errors import (
     LIFECYCLE_HINT,
     BackendError,
@@ -89,7 +90,7 @@ def _run(script: Script, np: int = 2, **settings: object) -> tuple[object, FakeB
     backend = FakeBackend(script)
     out = io.StringIO()
     try:
-        payload = run_job(np, b"", backend, DriverSettings(**settings), "127.0.0.1", "test", out)  # type: ignore[arg-type]
+        payload = run_job(np, backend, Job(b"", DriverSettings(**settings), "test"), out=out)  # type: ignore[arg-type]
     finally:
         if backend.error is not None:
             raise backend.error
@@ -156,7 +157,7 @@ def test_first_failure_is_root_cause_and_others_are_stopped() -> None:
 
     backend = FakeBackend(script)
     with pytest.raises(WorkerFailedError) as info:
-        run_job(3, b"", backend, DriverSettings(), "127.0.0.1", "test", io.StringIO())
+        run_job(3, backend, Job(b"", DriverSettings(), "test"), out=io.StringIO())
     assert backend.error is None
     assert backend.stopped_by_driver
     exc = info.value
@@ -189,8 +190,8 @@ def test_rank_that_never_reports_after_failure_does_not_hang_the_driver() -> Non
 
     backend = FakeBackend(script)
     with pytest.raises(WorkerFailedError) as info:
-        run_job(2, b"", backend, DriverSettings(stop_grace=0.5, report_grace=0.5),
-                "127.0.0.1", "test", io.StringIO())
+        run_job(2, backend, Job(b"", DriverSettings(stop_grace=0.5, report_grace=0.5), "test"),
+                out=io.StringIO())
     assert backend.stopped_by_driver
     assert info.value.stopped_ranks == (0,)  # the driver stopped the job it never heard of
     assert info.value.unreported_ranks == ()
@@ -233,7 +234,7 @@ def test_run_timeout() -> None:
         stop.wait(10)
 
     with pytest.raises(RunTimeoutError, match=r"did not finish within 1s \(0 of 2 ranks exited\)"):
-        _run(script, run_timeout=1.0)
+        _run(script, timeout=1.0)
 
 
 def test_backend_failure_is_reported() -> None:
@@ -340,10 +341,11 @@ def test_run_returns_only_when_every_admitted_task_is_gone_and_late_tasks_start_
     while after the stop, as a cancelled Spark task does) and task 2 reports only once the
     job is being stopped: it is told to start no worker, and run() waits for task 0."""
     from mlflow_hvd.protocol.channel import ChannelClient
-    from mlflow_hvd.protocol.messages import Launch, Retire
+    from mlflow_hvd.protocol.messages import Launch, StartNoWorker
 
     answers: dict[int, object] = {}
-    closed_at: list[float] = []
+    order: list[str] = []
+    out = io.StringIO()
 
     def connect() -> ChannelClient:
         assert backend.job is not None
@@ -367,25 +369,28 @@ def test_run_returns_only_when_every_admitted_task_is_gone_and_late_tasks_start_
         answers[2] = late.request(LayoutReport(2, slots), 10)
         late.close()
         sink(BackendFinished(error="job cancelled"))  # Spark's collect() returns at once
-        time.sleep(1.0)  # ... while task 0 and its worker are still going down
-        closed_at.append(time.monotonic())
+        # ... while task 0 and its worker are still going down: once the driver loop has
+        # handled two more messages after the backend's end, it has decided at least once
+        # with the backend finished and task 0 still there
+        for n in (1, 2):
+            sink(OutputLines(0, Stream.LOG, (f"after the end {n}",)))
+        wait_until(lambda: "after the end 2" in out.getvalue(), 10, "the driver loop")
+        order.append("task 0 gone")
         task0.close()
 
     class Backend(FakeBackend):
         def close(self) -> None:  # the driver is done with the job (then waits for us)
-            ended_at.append(time.monotonic())
+            order.append("driver done")
             super().close()
 
-    ended_at: list[float] = []
     backend = Backend(script)
     with pytest.raises(WorkerFailedError) as info:
-        run_job(3, b"", backend, DriverSettings(stop_grace=5, report_grace=5), "127.0.0.1",
-                "test", io.StringIO())
+        run_job(3, backend, Job(b"", DriverSettings(stop_grace=5, report_grace=5), "test"),
+                out=out)
     if backend.error is not None:
         raise backend.error
-    assert answers == {0: Launch(), 1: Launch(), 2: Retire()}
-    assert closed_at and ended_at[0] >= closed_at[0]  # not before task 0 was gone
-    assert ended_at[0] - closed_at[0] < 2.0  # ... and not the whole wind-down after it
+    assert answers == {0: Launch(), 1: Launch(), 2: StartNoWorker()}
+    assert order == ["task 0 gone", "driver done"]  # not before task 0 was gone
     assert info.value.rank == 1
 
 
@@ -422,3 +427,15 @@ def test_a_rank_killed_comes_before_the_ranks_whose_collective_lost_it() -> None
     job.exited[0] = WorkerExited(0, "node-a", 1, 0.6)
     failures, _, _ = job.failures()
     assert [f.rank for f in failures] == [0, 2, 1]
+
+
+def test_worker_lines_carry_the_log_prefix() -> None:
+    import io
+
+    from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, Verbosity, handle
+    from mlflow_hvd.protocol.messages import OutputLines, Stream
+
+    out = io.StringIO()
+    settings = DriverSettings(verbosity=Verbosity.ALL, log_prefix="[trial 3]")
+    handle(OutputLines(1, Stream.STDOUT, ("hello",)), JobRecord(2), settings, out)
+    assert out.getvalue() == "[trial 3][1]<stdout>: hello\n"

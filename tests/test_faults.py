@@ -121,9 +121,7 @@ def test_two_drivers_create_the_same_new_sqlite_store_at_once(tmp_path: Path) ->
         )
         for r in ready
     ]
-    deadline = time.monotonic() + 60
-    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: all(r.exists() for r in ready), 60, "both processes to be ready")
     go.touch()  # both start creating the store now
     outs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]

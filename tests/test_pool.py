@@ -119,11 +119,11 @@ def test_warm_ranks_idle_past_the_limit_are_retired_and_replaced(
         second = runner.run(workers.echo, x=2)
         assert runner._pool is not None and runner._pool.generations == 2
     assert (first["kwargs"], second["kwargs"]) == ({"x": 1}, {"x": 2})
-    said = [r.getMessage() for r in caplog.records if r.name == "mlflow_hvd.driver.pool"]
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("mlflow_hvd.driver.")]
     assert any(m.startswith("generation 1: rank ") and m.endswith(
         " idle for 1s (idle limit): retiring its ranks") for m in said), said
     assert any("generation 1 cannot take it (the warm ranks are expired)" in m for m in said), said
-    assert "generation 2: starting 2 ranks for job " in "\n".join(said)
+    assert "generation 2: starting 2 ranks on the local backend for job " in "\n".join(said)
     assert_no_workers_left()
 
 
@@ -143,13 +143,14 @@ class _NoRanks:
 
 def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation() -> None:
     from mlflow_hvd.common.deadline import Deadline
-    from mlflow_hvd.driver.pool import GenerationState, _Generation
+    from mlflow_hvd.driver.generation import Generation, GenerationState
+    from mlflow_hvd.driver.job import Job
     from mlflow_hvd.driver.supervisor import DriverSettings
     from mlflow_hvd.errors import BackendError
     from mlflow_hvd.protocol.channel import ChannelClient
     from mlflow_hvd.protocol.messages import AwaitJob, Retire
 
-    gen = _Generation(2, _NoRanks(), "127.0.0.1", DriverSettings(), None)
+    gen = Generation(2, _NoRanks(), "127.0.0.1", warm=True)
     answers: list[object] = []
     client = ChannelClient("127.0.0.1", gen.port, gen.secret, timeout=10)
     asks = threading.Thread(target=lambda: answers.append(client.request(AwaitJob(0), 30)))
@@ -159,12 +160,12 @@ def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation() -> 
         with pytest.raises(BackendError, match=(
             "^pooled ranks 1 did not ask for the next job in time$"
         )):
-            gen.hand_out(b"next", Deadline.after(0.3))
+            gen.hand_out(Job(b"next", DriverSettings()), Deadline.after(0.3))
     finally:
-        gen.close(retire=True)
+        gen.close(stop_now=False)
         asks.join(timeout=10)
         client.close()
-    assert gen.state is GenerationState.RETIRING
+    assert gen.state is GenerationState.CLOSED
     assert [type(a) for a in answers] == [Retire]  # the waiting rank was let go
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import mlflow
 import pytest
 import workers
+from services import wait_until
 
 from mlflow_hvd import HorovodRunner
 from mlflow_hvd.driver.channel_server import ChannelServer
@@ -100,12 +101,8 @@ def test_a_call_the_server_never_answers_holds_later_writes_until_it_ends(
             outage=True)
     finally:
         mute.close()  # the pending connections are reset: the abandoned call ends
-    deadline = time.monotonic() + 60
-    while True:
-        answer = relay.answer(write)
-        if "previous write" not in answer.error or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    answer = wait_until(lambda: (lambda a: a if "previous write" not in a.error else None)(
+        relay.answer(write)), 60, "the abandoned call to end")
     assert answer.outage
     assert answer.error.startswith(f"the driver cannot connect to the tracking server at {url}")
 
@@ -171,7 +168,7 @@ def test_the_drivers_refusal_and_outage_reach_rank_0_as_errors_the_delivery_clas
 def test_a_driver_that_does_not_take_records_is_a_refusal_naming_the_run(store: str) -> None:
     from mlflow_hvd.common.tracking_server import is_outage
 
-    server = ChannelServer(SECRET, lambda message: None, "127.0.0.1")  # answers Retire
+    server = ChannelServer(SECRET, lambda message: None, "127.0.0.1")  # answers Unanswered
     server.start()
     try:
         sender = Sender(TrackingTarget(store, "r9", "0"), _connect(server))
@@ -180,8 +177,8 @@ def test_a_driver_that_does_not_take_records_is_a_refusal_naming_the_run(store: 
     finally:
         server.stop()
     assert str(info.value) == (
-        "the driver did not take rank 0's records for run r9 (it answered Retire): is the "
-        "driver running another version of mlflow_hvd?"
+        "the driver did not take rank 0's records for run r9 (it answered Unanswered: this "
+        "channel answers no requests): is the driver running another version of mlflow_hvd?"
     )
     assert not is_outage(info.value)
 

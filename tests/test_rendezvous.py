@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import http.client
 import threading
-import time
 
 import pytest
+from services import wait_until
 
 from mlflow_hvd.driver import rendezvous as rdv
 from mlflow_hvd.driver.rendezvous import Rendezvous
@@ -26,24 +26,17 @@ def _call(port: int, method: str, path: str, body: bytes | None = None) -> tuple
 def test_a_request_for_a_missing_key_is_answered_when_the_key_arrives() -> None:
     server = Rendezvous(2)
     try:
-        got: list[tuple[int, bytes, float]] = []
-
-        def ask() -> None:
-            t0 = time.monotonic()
-            status, body = _call(server.port, "GET", "/global/1")
-            got.append((status, body, time.monotonic() - t0))
-
-        asker = threading.Thread(target=ask)
+        got: list[tuple[int, bytes]] = []
+        asker = threading.Thread(target=lambda: got.append(
+            _call(server.port, "GET", "/global/1")))
         asker.start()
-        time.sleep(0.3)
+        wait_until(lambda: server.stats().requests == 1, 10, "the GET to reach the server")
         assert _call(server.port, "PUT", "/global/1", b"addresses")[0] == 200
         asker.join(timeout=10)
-        (status, body, waited), = got
-        assert (status, body) == (200, b"addresses")  # one request, no "not yet" in between
-        assert 0.25 < waited < rdv.HOLD_SECONDS
+        # the GET arrived before the key and was answered with it: held, not "not yet"
+        assert got == [(200, b"addresses")]
         stats = server.stats()
         assert (stats.requests, stats.not_found, stats.bytes_sent) == (2, 0, 9)
-        assert 0.25 < stats.seconds < rdv.HOLD_SECONDS  # the PUT's answer, then the GET's
     finally:
         server.stop()
 
@@ -54,9 +47,7 @@ def test_a_key_that_never_comes_is_not_found_after_the_hold(
     monkeypatch.setattr(rdv, "HOLD_SECONDS", 0.3)
     server = Rendezvous(2)
     try:
-        t0 = time.monotonic()
         assert _call(server.port, "GET", "/global/7")[0] == 404
-        assert 0.3 <= time.monotonic() - t0 < 2
         assert _call(server.port, "DELETE", "/global/0")[0] == 200
         stats = server.stats()
         assert (stats.requests, stats.not_found, stats.bytes_sent) == (2, 1, 0)
@@ -64,12 +55,11 @@ def test_a_key_that_never_comes_is_not_found_after_the_hold(
         server.stop()
 
 
-def test_stop_returns_promptly_and_closes_the_port() -> None:
+def test_stop_ends_the_serving_thread_and_closes_the_port() -> None:
     server = Rendezvous(2)
     port = server.port
-    t0 = time.monotonic()
     server.stop()
-    assert time.monotonic() - t0 < 1
+    assert not [t for t in threading.enumerate() if t.name == "mlflow-hvd-rendezvous"]
     with pytest.raises(ConnectionRefusedError):
         _call(port, "GET", "/global/0")
 
@@ -77,13 +67,12 @@ def test_stop_returns_promptly_and_closes_the_port() -> None:
 def test_a_channel_that_cannot_listen_leaves_no_rendezvous_server_behind(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from mlflow_hvd.driver import job
-    from mlflow_hvd.driver.supervisor import DriverSettings
+    from mlflow_hvd.driver import generation
 
     def cannot_listen(*args: object, **kwargs: object) -> None:
         raise OSError(98, "Address already in use")
 
-    monkeypatch.setattr(job, "ChannelServer", cannot_listen)
+    monkeypatch.setattr(generation, "ChannelServer", cannot_listen)
     with pytest.raises(OSError, match="Address already in use"):
-        job.run_job(2, b"", object(), DriverSettings(), "127.0.0.1", "test")  # type: ignore[arg-type]
+        generation.Generation(2, object(), "127.0.0.1", warm=False)  # type: ignore[arg-type]
     assert not [t for t in threading.enumerate() if t.name == "mlflow-hvd-rendezvous"]

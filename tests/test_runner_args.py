@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import workers
+from conftest import worker_processes
 
 from mlflow_hvd import BackendError, ConfigurationError, HorovodRunner
 from mlflow_hvd.backends.spark.session import check_barrier_supported, expected_slots
@@ -63,7 +64,30 @@ def test_main_must_be_callable() -> None:
 
 def test_unpicklable_kwargs_fail_before_any_process_starts() -> None:
     with pytest.raises(ConfigurationError, match="cannot pickle main or its kwargs"):
-        HorovodRunner(np=-1).run(print, lock=threading.Lock())
+        HorovodRunner(np=-1).run(workers.takes_anything, lock=threading.Lock())
+
+
+def _train(learning_rate: float, epochs: int = 2) -> None:
+    """A stand-in training function; the runner must refuse bad calls before it runs."""
+
+
+def test_a_keyword_main_does_not_take_is_refused_on_the_driver_naming_it(store: str) -> None:
+    import mlflow
+
+    before = mlflow.search_runs(search_all_experiments=True)
+    with pytest.raises(ConfigurationError) as info:
+        HorovodRunner(np=-2).run(_train, learning_rate=0.1, nope=1)
+    assert str(info.value) == (
+        "run(_train, ...): got an unexpected keyword argument 'nope' (main(learning_rate, "
+        "epochs=2)); run(main, **kwargs) calls main(**kwargs) on every rank"
+    )
+    with pytest.raises(ConfigurationError) as info:
+        HorovodRunner(np=-2).run(_train, epochs=3)
+    assert str(info.value).startswith(
+        "run(_train, ...): missing a required argument: 'learning_rate' (main(")
+    # refused before anything started: no MLflow run, no worker
+    assert len(mlflow.search_runs(search_all_experiments=True)) == len(before)
+    assert worker_processes() == []
 
 
 def test_dynamic_allocation_is_refused_with_the_setting_to_change() -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 import workers
 from conftest import assert_no_workers_left, worker_processes
+from services import wait_until
 
 from mlflow_hvd import HorovodRunner, InsufficientSlotsError, WorkerFailedError
 from mlflow_hvd.errors import LIFECYCLE_HINT
@@ -17,11 +17,19 @@ pytestmark = pytest.mark.spark
 
 def _no_active_jobs(spark: Any, timeout: float = 30.0) -> None:
     tracker = spark.sparkContext.statusTracker()
-    deadline = time.monotonic() + timeout
-    while tracker.getActiveJobsIds():
-        if time.monotonic() > deadline:
-            pytest.fail(f"Spark jobs still active: {tracker.getActiveJobsIds()}")
-        time.sleep(0.1)
+    wait_until(lambda: not tracker.getActiveJobsIds(), timeout, "Spark's jobs to end")
+
+
+def _tasks_running(spark: Any, group: str) -> int:
+    """Tasks of the job group's stages that Spark still counts as running."""
+    tracker = spark.sparkContext.statusTracker()
+    running = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job_id)
+        for stage_id in info.stageIds if info else ():
+            stage = tracker.getStageInfo(stage_id)
+            running += stage.numActiveTasks if stage else 0
+    return running
 
 
 @pytest.mark.old_end
@@ -69,15 +77,19 @@ def test_exception_on_rank_1_cancels_the_job_and_leaves_no_worker(spark: Any) ->
 
 
 def test_no_rank_outlives_run_after_a_failure_on_spark(spark: Any) -> None:
-    """A cancelled task can end before the worker it hosts: run() must wait for the worker
-    (seen alive 3 s after run() raised in 5 of 7 runs before). Repeated to catch the race."""
+    """A cancelled task can end before the worker it hosts: run() must wait for the worker.
+    Repeated to catch the race."""
     for _ in range(3):  # plus the one of the test above
+        runner = HorovodRunner(np=2, spark=spark, stop_grace=2)
         with pytest.raises(WorkerFailedError):
-            HorovodRunner(np=2, spark=spark, stop_grace=2).run(workers.raise_on_rank_1)
+            runner.run(workers.raise_on_rank_1)
         assert worker_processes() == []
-    # nor does one start later: a task that reports after the failure starts no worker
-    time.sleep(3)
-    assert worker_processes() == []
+        # nor does one start later: once Spark counts none of the job's tasks running, no
+        # task is left that could start a worker
+        group = str(runner.last_job_id)
+        wait_until(lambda: _tasks_running(spark, group) == 0, 60,  # noqa: B023
+                   "the job's tasks to end")
+        assert worker_processes() == []
 
 
 def test_sigkill_on_rank_1_in_a_barrier_task(spark: Any) -> None:
@@ -93,11 +105,13 @@ def test_sigkill_on_rank_1_in_a_barrier_task(spark: Any) -> None:
     assert_no_workers_left()
 
 
+@pytest.mark.timeout(120)  # waiting out slot_timeout instead would fail here
 def test_np_larger_than_the_cluster_fails_at_once(spark: Any) -> None:
-    t0 = time.monotonic()
+    runner = HorovodRunner(np=3, spark=spark, slot_timeout=3600)
     with pytest.raises(InsufficientSlotsError) as info:
-        HorovodRunner(np=3, spark=spark).run(workers.echo)
-    assert time.monotonic() - t0 < 5
+        runner.run(workers.echo)
+    # refused before a Spark job was submitted
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup(runner.last_job_id) == []
     assert str(info.value) == (
         "np=3 needs 3 concurrent barrier task slots but the Spark cluster (master "
         "local-cluster[2,1,1024]) offers 2 and can offer at most 2 (spark.executor.cores="

@@ -1,6 +1,6 @@
-"""Builds the class-data archive that makes Spark's driver JVM start in about half the time
-(see :mod:`mlflow_hvd.backends.spark.jvm`). Once per Java + Spark installation; ``make
-setup`` runs it; nothing to do when the archive exists.
+"""Driver side (a command): builds the class-data archive that makes Spark's driver JVM
+start faster (see :mod:`mlflow_hvd.backends.spark.jvm`; figures in the README). Once per
+Java + Spark installation; ``make setup`` runs it; nothing to do when the archive exists.
 
     python -m mlflow_hvd.cli.jvm_archive [--timeout 300]
 """

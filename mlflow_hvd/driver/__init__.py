@@ -1,14 +1,18 @@
 """Driver side: what runs in the user's process while a job is on.
 
-* :mod:`.job` starts the channel and rendezvous servers and the backend, and always stops
-  them;
-* :mod:`.supervisor` consumes the job's messages, owns every deadline and decides the
+* :mod:`.pool` runs jobs on generations of ranks, cold or warm; :mod:`.generation` is one
+  generation's servers, backend and answers, from set-up to tear-down; :mod:`.job` is one
+  job as the driver runs it;
+* :mod:`.supervisor` consumes a job's messages, owns every deadline and decides the
   outcome (a :class:`~.supervisor.JobState` machine);
+* :mod:`.routing` sends each message and request to whoever handles it;
 * :mod:`.rendezvous` wraps horovod's own Gloo rendezvous server;
-* :mod:`.payload` cloudpickles what every rank runs.
+* :mod:`.payload` cloudpickles what every rank runs; :mod:`.options` checks the runner's
+  options.
 """
 
-from mlflow_hvd.driver.job import new_job_id, resolve_host, run_job
+from mlflow_hvd.driver.job import Job, new_job_id, resolve_host
+from mlflow_hvd.driver.pool import run_job
 from mlflow_hvd.driver.supervisor import DriverSettings, Verbosity
 
-__all__ = ["DriverSettings", "Verbosity", "new_job_id", "resolve_host", "run_job"]
+__all__ = ["DriverSettings", "Job", "Verbosity", "new_job_id", "resolve_host", "run_job"]

@@ -35,8 +35,8 @@ from mlflow_hvd.protocol.messages import (
     LayoutReport,
     RankDisconnected,
     Request,
-    Retire,
     TaskDisconnected,
+    Unanswered,
     WorkerStarted,
 )
 
@@ -138,14 +138,15 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def _answer(self, request: Request) -> object:
         """The driver's answer to ``request`` (may wait as long as the driver decides);
-        :class:`Retire` when nobody answers requests or the answer failed."""
+        :class:`Unanswered` when nobody answers requests or the answer failed."""
         if self.server.on_request is None:
-            return Retire()
+            return Unanswered("this channel answers no requests")
         try:
             return self.server.on_request(request)
-        except Exception:
+        except Exception as exc:
             log.exception("driver failed to answer %r", type(request).__name__)
-            return Retire()
+            return Unanswered(f"the driver failed to answer {type(request).__name__}: "
+                              f"{type(exc).__name__}: {exc}")
 
     def _reject(self, sock: socket.socket, exc: Exception) -> None:
         self.server.note_rejected(self.client_address, exc)
@@ -213,7 +214,7 @@ class ChannelServer:
         bind_host: Address to listen on: the one workers connect to (loopback for local
             processes, the driver's address for Spark executors).
         on_request: Answers a :class:`~mlflow_hvd.protocol.messages.Request` (in the connection's
-            thread; the sender waits for the answer). None: every request gets ``Retire``.
+            thread; the sender waits for the answer). None: every request gets ``Unanswered``.
     """
 
     def __init__(

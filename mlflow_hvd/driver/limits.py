@@ -1,11 +1,10 @@
-"""The driver's open-file limit, raised for jobs of many ranks.
+"""Driver side: the open-file limit, raised for jobs of many ranks.
 
-The driver holds a few files per rank while a job runs: for a local rank its output pipes,
-a pidfd and its channel connection; for every rank a held rendezvous request at
-``hvd.init()``. With a soft limit of 256, a job of 100 local ranks failed with ``EMFILE``
-("Too many open files") in the driver's threads and a start timeout; 1024, the default of
-many Linux sessions and services, leaves room for a few hundred. The soft limit may be
-raised up to the hard one without privileges, as servers do.
+The driver holds a few files per rank while a job runs (``FILES_PER_RANK``): for a local
+rank its output pipes, a pidfd and its channel connection; for every rank a held rendezvous
+request at ``hvd.init()``. Before a job the soft limit is raised to what the job needs, up
+to the hard limit (no privileges needed, as servers do); where even that is too low, a
+warning names the fix before the job can fail with ``EMFILE`` in the driver's threads.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class DriverSettings:
 
     verbosity: Verbosity = Verbosity.LOG_CALLBACK_ONLY
     start_timeout: float = 60.0
-    run_timeout: float | None = None
+    timeout: float | None = None  # HorovodRunner(timeout): the whole job's limit
     stop_grace: float = 5.0
     channel_timeout: float = 60.0
     # A warm rank idle this long between jobs is retired (its Spark slot freed); the next
@@ -78,12 +78,15 @@ class DriverSettings:
 
 
 class JobState(enum.Enum):
-    """Where a job is. ``RUNNING -> FAILING -> STOPPING``; the loop ends in any state once
-    every rank reported its exit (or a deadline of the state passed)."""
+    """Where a job is. ``RUNNING -> FAILING -> STOPPING`` after a rank failure;
+    ``RUNNING -> ABORTED`` when a deadline passes or the job's machinery fails (the loop
+    then ends at once). The loop ends in any state once every rank reported its exit (or a
+    deadline of the state passed)."""
 
     RUNNING = "running"  # no failure seen
     FAILING = "failing"  # a rank failed; erring ranks get EXIT_AFTER_ERROR to exit alone
     STOPPING = "stopping"  # backend.stop() sent; collecting the remaining exit reports
+    ABORTED = "aborted"  # backend.stop() sent for a deadline or a fault; the loop ends
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ class JobRecord:
     job_id: str = ""  # names the job in the lifecycle log
     state: JobState = JobState.RUNNING
     t0: float = field(default_factory=time.monotonic)
-    failed_at: float | None = None
+    since: float = field(default_factory=time.monotonic)  # when ``state`` was entered
     started: dict[int, str] = field(default_factory=dict)
     exited: dict[int, WorkerExited] = field(default_factory=dict)
     errors: dict[int, WorkerError] = field(default_factory=dict)
@@ -130,7 +133,7 @@ class JobRecord:
     def fail(self, now: float) -> None:
         """RUNNING -> FAILING: the first rank failure was observed."""
         if self.state is JobState.RUNNING:
-            self.state, self.failed_at = JobState.FAILING, now
+            self.state, self.since = JobState.FAILING, now
             log.info("job %s: running -> failing after %.1fs (%s)", self.job_id,
                      now - self.t0, self._failed_ranks())
 
@@ -140,9 +143,21 @@ class JobRecord:
         if self.state is JobState.FAILING:
             self.tasks.close()
             backend.stop()
-            self.state = JobState.STOPPING
+            self.state, self.since = JobState.STOPPING, time.monotonic()
             log.info("job %s: failing -> stopping: the %s backend stops every rank (%d of %d "
                      "exited)", self.job_id, backend.name, len(self.exited), self.np)
+
+    def abort(self, backend: Backend, error: MlflowHvdError) -> MlflowHvdError:
+        """RUNNING -> ABORTED: a deadline passed or the job's machinery failed before any
+        rank did; the backend stops every rank. Returns ``error`` (the job's end)."""
+        if self.state is JobState.RUNNING:
+            self.tasks.close()
+            backend.stop()
+            self.state, self.since = JobState.ABORTED, time.monotonic()
+            log.info("job %s: running -> aborted after %.1fs by %s: the %s backend stops "
+                     "every rank (%d of %d exited)", self.job_id, self.since - self.t0,
+                     type(error).__name__, backend.name, len(self.exited), self.np)
+        return error
 
     def _failed_ranks(self) -> str:
         errs = [f"rank {r} raised" for r in sorted(self.errors)]
@@ -259,7 +274,7 @@ def watch(
             error = _check_running(job, backend, settings, now - t0, now)
             if error is not None:
                 return Outcome(error=error)
-        elif now > (job.failed_at or now) + wind_down or (
+        elif now > job.since + wind_down or (
             job.state is JobState.STOPPING
             and job.backend_finished is not None
             and job.all_gone()
@@ -275,7 +290,7 @@ def watch(
             handle(message, job, settings, out)
         if job.rank_failed():
             job.fail(time.monotonic())
-        exit_alone_until = (job.failed_at or 0.0) + EXIT_AFTER_ERROR
+        exit_alone_until = job.since + EXIT_AFTER_ERROR
         if job.state is JobState.FAILING and (
             not job.erring_not_exited() or time.monotonic() > exit_alone_until
         ):
@@ -292,24 +307,22 @@ def _check_running(
     job (its ranks already told to stop), or None."""
     np = job.np
     if len(job.started) < np and elapsed > settings.start_timeout:
-        backend.stop()
         missing = sorted(set(range(np)) - set(job.started))
-        return StartTimeoutError(
+        return job.abort(backend, StartTimeoutError(
             f"{len(job.started)} of {np} ranks started within {settings.start_timeout:g}s "
             f"(missing ranks: {', '.join(map(str, missing))}). Raise "
             "HorovodRunner(start_timeout=...) if workers are slow to start, or check that the "
             "cluster has free slots"
-        )
-    if settings.run_timeout is not None and elapsed > settings.run_timeout:
-        backend.stop()
-        return RunTimeoutError(
-            f"the job did not finish within {settings.run_timeout:g}s ({len(job.exited)} of "
+        ))
+    if settings.timeout is not None and elapsed > settings.timeout:
+        return job.abort(backend, RunTimeoutError(
+            f"the job did not finish within {settings.timeout:g}s ({len(job.exited)} of "
             f"{np} ranks exited); raise HorovodRunner(timeout=...) or pass timeout=None for no "
             "limit"
-        )
+        ))
     if job.fault:
-        backend.stop()
-        return BackendError(f"the {backend.name} backend cannot run this job: {job.fault}")
+        return job.abort(backend, BackendError(
+            f"the {backend.name} backend cannot run this job: {job.fault}"))
     finished = job.backend_finished
     if finished is None or job.backend_finished_at is None:
         return None

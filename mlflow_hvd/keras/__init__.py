@@ -1,4 +1,5 @@
-"""A drop-in for ``horovod.tensorflow.keras`` on Keras 3 (rank side).
+"""Rank side (inside the training function): a drop-in for ``horovod.tensorflow.keras`` on
+Keras 3.
 
 ``horovod.tensorflow.keras`` no longer works with Keras 3 (the default ``tf.keras`` since
 TensorFlow 2.16): its callbacks fail, and its ``DistributedOptimizer`` trains *without*

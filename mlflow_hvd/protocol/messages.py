@@ -125,9 +125,9 @@ class LayoutReport(Request):
 
     The driver initialises the rendezvous server with the first report (before any rank
     starts, because the task waits for the answer) and checks the others agree. It answers
-    :class:`Launch`, or :class:`Retire` once the job is being stopped: a task the driver
-    has not counted never starts a worker. (The local backend sinks the report directly;
-    nobody answers it there.)
+    :class:`Launch`, or :class:`StartNoWorker` once the job is being stopped: a task the
+    driver has not counted never starts a worker. (The local backend sinks the report
+    directly; nobody answers it there.)
     """
 
     partition: int
@@ -138,6 +138,12 @@ class LayoutReport(Request):
 class Launch:
     """Driver -> Spark task: start the worker. The task's connection then stays open
     until the task and its worker are both gone (the worker holds a copy of it)."""
+
+
+@dataclass(frozen=True)
+class StartNoWorker:
+    """Driver -> Spark task: the job is already being stopped; end without starting the
+    worker (the answer to a :class:`LayoutReport` that came too late)."""
 
 
 @dataclass(frozen=True)
@@ -221,7 +227,14 @@ class UndeliveredTracking:
 class AskCredentials(Request, FromRank):
     """Rank 0 -> driver, before its job's first MLflow call: the driver's MLflow client
     settings. Answered with a :class:`~mlflow_hvd.protocol.credentials.Sealed` for rank 0 of
-    a job whose driver has any, :class:`Retire` otherwise."""
+    a job whose driver has any, :class:`NoCredentials` otherwise."""
+
+
+@dataclass(frozen=True)
+class NoCredentials:
+    """Driver -> rank: the answer to :class:`AskCredentials` when the driver hands this
+    rank no MLflow client settings (not rank 0, or the driver has none): it goes on with
+    its own environment."""
 
 
 @dataclass(frozen=True)
@@ -239,8 +252,16 @@ class NextJob:
 
 @dataclass(frozen=True)
 class Retire:
-    """Driver -> pooled worker: the pool is closing; exit. Also the answer to a request
-    the driver does not handle."""
+    """Driver -> pooled worker: the answer to :class:`AwaitJob` when no next job comes
+    (the pool closes, or the ranks waited past the idle limit): exit."""
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """Driver -> sender: the request had no handler on this driver, or its handler failed
+    (``reason`` says which); the sender treats it as refused."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -267,7 +288,8 @@ class TrackingWritten:
 class EpochReport(Request):
     """Rank 0 -> driver: the job's pruning metric (``TrackingTarget.prune_metric``) was
     logged at ``step`` with ``value``; may training go on? Answered with
-    :class:`EpochVerdict` (or :class:`Retire` by a driver that does not prune)."""
+    :class:`EpochVerdict`, or :class:`NotJudged` by a driver that does not prune this run
+    (rank 0 then trains on)."""
 
     run_id: str
     key: str
@@ -284,6 +306,15 @@ class EpochVerdict:
     prune: bool
     epoch: int
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class NotJudged:
+    """Driver -> rank 0: the answer to an :class:`EpochReport` that no pruning rule judges
+    (the job does not prune, the report names another run, or the judge failed: ``reason``
+    says which); training goes on."""
+
+    reason: str
 
 
 JOB_END_MARK = "\x00mlflow_hvd: job done\x00"

@@ -1,4 +1,4 @@
-"""Hyperopt sweeps of distributed trials (driver side): one HorovodRunner job per trial.
+"""Driver side: Hyperopt sweeps of distributed trials, one HorovodRunner job per trial.
 
 * :mod:`.search` - the sweep loop: validate, resume, summarise;
 * :mod:`.trial` - one trial: its child run, its job, its pruning judge, its result;

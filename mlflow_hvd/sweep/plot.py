@@ -1,4 +1,4 @@
-"""The sweep's loss-per-trial chart, logged as an artifact of the parent run."""
+"""Driver side: the sweep's loss-per-trial chart, logged as an artifact of the parent run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pruning a sweep's trials at epoch boundaries (driver side): the rules and the judge of one
+"""Driver side: pruning a sweep's trials at epoch boundaries, the rules and the judge of one
 trial.
 
 Every value rank 0 logs of the sweep's metric with a step reaches the trial's
@@ -61,8 +61,7 @@ class Cut:
 @dataclass(frozen=True)
 class MedianRule:
     """Median stopping as Optuna's ``MedianPruner`` defines it (Google Vizier and Ray Tune's
-    ``MedianStoppingRule`` take the median of running averages instead, a laxer bar: the
-    digits sweep, replayed, trained 0.52x its epochs with it, 0.34x with this one): once
+    ``MedianStoppingRule`` take the median of running averages instead, a laxer bar): once
     ``min_trials`` earlier trials have finished, stop a trial after epoch
     ``k >= grace_epochs`` when its best value so far is worse than the median of the
     earlier trials' values at epoch ``k`` (over the earlier trials, finished or pruned,
@@ -186,7 +185,7 @@ class History:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class JudgedTrial:
     """What one trial's judge saw: the metric per epoch (raw values, in step order), the
     epoch it was pruned after (0: it was not), and whether it trained on after being told
     to stop (its training function does not call ``should_prune``)."""
@@ -237,11 +236,11 @@ class TrialJudge:
             f"{self.rule.name}: {own}, {self.sign * mine:.6g}, is worse than {cut.what} of "
             f"{cut.trials} earlier trials at epoch {epoch} ({self.sign * cut.threshold:.6g})")
 
-    def outcome(self) -> Outcome:
+    def outcome(self) -> JudgedTrial:
         with self._lock:
             curve = tuple(self._values[s] for s in sorted(self._values))
             pruned = self._pruned_after if self._pruned_after == self._last_epoch else 0
-            return Outcome(curve, pruned, self._ignored)
+            return JudgedTrial(curve, pruned, self._ignored)
 
 
 def describe(rule: Rule | None) -> dict[str, Any]:

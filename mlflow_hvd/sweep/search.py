@@ -1,4 +1,4 @@
-"""The sweep loop: one HorovodRunner job per trial, one trial after another (driver side).
+"""Driver side: the sweep loop, one HorovodRunner job per trial, one trial after another.
 
 Every trial is a full distributed run and a child MLflow run (``mlflow.parentRunId``) of the
 sweep's parent run; the SparkSession is reused across trials. Hyperopt's ``Trials`` are
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SweepResult:
-    """Outcome of a sweep.
+    """What a sweep found.
 
     Attributes:
         parent_run_id: The sweep's MLflow run.

@@ -1,4 +1,4 @@
-"""Search spaces: checking a hyperopt space, and building one from JSON (driver side)."""
+"""Driver side: search spaces, checking a hyperopt space and building one from JSON."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One trial of a sweep (driver side): its child run, the distributed job, its pruning judge
+"""Driver side: one trial of a sweep: its child run, the distributed job, its pruning judge
 and the result hyperopt records."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlflow_hvd.errors import MlflowHvdError
-from mlflow_hvd.runner import HorovodRunner
+from mlflow_hvd.runner import HorovodRunner, RunHooks
 from mlflow_hvd.sweep.pruning import History, Rule, TrialJudge
 from mlflow_hvd.sweep.space import plain
 
@@ -74,16 +74,13 @@ def run_trial(
         # the same function share one set of columns in the MLflow UI
         mlflow.log_params(run_params)
         t0 = time.monotonic()
-        runner.epoch_judge = judge
         try:
-            runner.log_prefix = f"[trial {index}]"
-            runner.run(plan.train_fn, **values, **plan.fixed)
+            runner._run_with(RunHooks(epoch_judge=judge, log_prefix=f"[trial {index}]"),
+                             plan.train_fn, {**values, **plan.fixed})
         except MlflowHvdError as exc:
             mlflow.end_run("FAILED")
             return {"status": STATUS_FAIL, "error": str(exc).splitlines()[0], "run_id": run_id,
                     **_judged(judge, index, plan, None)}  # a failure: nothing to say of it
-        finally:
-            runner.epoch_judge = None
         wall = time.monotonic() - t0
         history = client.get_metric_history(run_id, plan.metric)
         if not history:

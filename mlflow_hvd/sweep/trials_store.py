@@ -1,4 +1,5 @@
-"""Hyperopt's ``Trials`` saved in the sweep's parent run, so an interrupted sweep resumes."""
+"""Driver side: Hyperopt's ``Trials`` saved in the sweep's parent run, so an interrupted
+sweep resumes."""
 
 from __future__ import annotations
 

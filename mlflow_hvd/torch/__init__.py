@@ -1,4 +1,5 @@
-"""PyTorch training functions under HorovodRunner (rank side).
+"""Rank side (inside the training function): PyTorch training functions under
+HorovodRunner.
 
 Training code uses ``horovod.torch`` exactly as Horovod documents it (``hvd.init()``,
 ``hvd.DistributedOptimizer(opt, named_parameters=...)``, ``hvd.broadcast_parameters``,

@@ -1,5 +1,9 @@
-"""MLflow tracking from inside a training function: rank 0 writes into the job's run, every
-other rank does nothing (the one gate is :func:`is_logging_rank`).
+"""Rank side (inside the training function): MLflow tracking where rank 0 writes into the
+job's run and every other rank does nothing (the one gate is :func:`is_logging_rank`).
+
+``__all__`` is what training code calls. ``commit``, ``configure``, ``shutdown`` and
+``tracking_target`` stay importable for mlflow_hvd's own layers (the worker entry point,
+the Keras and PyTorch callbacks) but are not for user code.
 
 This is the public face of :mod:`mlflow_hvd.rank.tracking.api`; the driver's side (the run
 it owns and ends, the writes it makes for rank 0, what it saves during an outage) lives in
@@ -8,8 +12,12 @@ it owns and ends, the writes it makes for rank 0, what it saves during an outage
 """
 
 from mlflow_hvd.rank.tracking.api import (
-    commit,
-    configure,
+    commit as commit,
+)
+from mlflow_hvd.rank.tracking.api import (
+    configure as configure,
+)
+from mlflow_hvd.rank.tracking.api import (
     flush,
     is_logging_rank,
     log_artifact,
@@ -25,14 +33,16 @@ from mlflow_hvd.rank.tracking.api import (
     run_id,
     set_tag,
     set_tags,
-    shutdown,
-    tracking_target,
+)
+from mlflow_hvd.rank.tracking.api import (
+    shutdown as shutdown,
+)
+from mlflow_hvd.rank.tracking.api import (
+    tracking_target as tracking_target,
 )
 from mlflow_hvd.rank.tracking.pruning import should_prune, was_pruned
 
 __all__ = [
-    "commit",
-    "configure",
     "flush",
     "is_logging_rank",
     "log_artifact",
@@ -49,7 +59,5 @@ __all__ = [
     "set_tag",
     "set_tags",
     "should_prune",
-    "shutdown",
-    "tracking_target",
     "was_pruned",
 ]

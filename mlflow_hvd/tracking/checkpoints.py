@@ -1,4 +1,5 @@
-"""Rank 0's checkpoints as MLflow artifacts, for custom training loops (public path):
+"""Rank side (rank 0, inside the training function): checkpoints as MLflow artifacts, for
+custom training loops (public path):
 ``save(model, epoch, global_step, metrics)``, ``latest(run_id)``, ``download(ref, dst)``.
 The code is :mod:`mlflow_hvd.rank.tracking.checkpoints`; the layout
 :mod:`mlflow_hvd.protocol.checkpoint_layout`."""

@@ -1,8 +1,10 @@
-"""How the driver JVM of a SparkSession that mlflow_hvd creates itself starts fast.
+"""Driver side: how the driver JVM of a SparkSession that mlflow_hvd creates itself starts
+fast.
 
 A new ``local[N]`` session spends most of its start, and much CPU, loading and verifying
 Spark's classes and compiling them with C2 while the ranks, started right after, import
-TensorFlow on the same cores. Two standard HotSpot options halve it (README, Benchmarks):
+TensorFlow on the same cores. Two standard HotSpot options shorten it (figures: README,
+Benchmarks):
 
 * a class-data-sharing archive (AppCDS, JDK 13+) of the classes Spark loads while starting
   a session and running a barrier job, built once per Java + Spark installation by
@@ -93,7 +95,7 @@ def driver_java_options(env: Mapping[str, str] = os.environ) -> str:
         options.append(f"-XX:SharedArchiveFile={archive}")
     elif archive is not None:
         log.info(
-            "Spark's driver JVM starts in about half the time with a class-data archive; "
+            "Spark's driver JVM starts faster with a class-data archive; "
             "build it once with: python -m mlflow_hvd.cli.jvm_archive"
         )
     return " ".join(options)

@@ -15,7 +15,7 @@ from typing import Protocol
 from mlflow_hvd.protocol.messages import (
     EpochReport,
     EpochVerdict,
-    Retire,
+    NotJudged,
     TrackingWrite,
     TrackingWritten,
 )
@@ -37,18 +37,21 @@ def rank0_requests(
     run_id: str,
 ) -> Callable[[TrackingWrite | EpochReport], object]:
     """One job's answers to rank 0: writes to ``writes``, epoch reports of the job's run to
-    ``judge`` (:class:`Retire` without one: rank 0 then trains on)."""
+    ``judge`` (:class:`NotJudged` without one, for another run, or when the judge fails:
+    rank 0 then trains on)."""
 
     def answer(request: TrackingWrite | EpochReport) -> object:
         if not isinstance(request, EpochReport):
             return writes(request)
-        if judge is None or request.run_id != run_id:
-            return Retire()
+        if judge is None:
+            return NotJudged("the job does not prune")
+        if request.run_id != run_id:
+            return NotJudged(f"run {request.run_id} is not this job's run ({run_id})")
         try:
             return judge(request)
-        except Exception:  # a bug in the judge must not stop training: it goes on
+        except Exception as exc:  # a bug in the judge must not stop training: it goes on
             log.exception("run %s: judging epoch step %d failed; the trial goes on",
                           run_id, request.step)
-            return EpochVerdict(False, 0, "")
+            return NotJudged(f"judging failed: {type(exc).__name__}: {exc}")
 
     return answer

@@ -30,7 +30,12 @@ from typing import Any
 from mlflow_hvd.errors import ChannelError, TrackingError
 from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.channel import ChannelClient
-from mlflow_hvd.protocol.messages import TrackingTarget, TrackingWrite, TrackingWritten
+from mlflow_hvd.protocol.messages import (
+    TrackingTarget,
+    TrackingWrite,
+    TrackingWritten,
+    Unanswered,
+)
 from mlflow_hvd.protocol.records import Record
 
 RELAYED = (rec.Metric, rec.Param, rec.Tag, rec.Commit)  # written by the driver
@@ -87,10 +92,12 @@ class Sender:
                 f"{self.target.tracking_uri}: {exc}"
             ) from exc
         if not isinstance(answer, TrackingWritten):
+            said = type(answer).__name__
+            if isinstance(answer, Unanswered):
+                said += f": {answer.reason}"
             raise TrackingError(
                 f"the driver did not take rank 0's records for run {self.target.run_id} "
-                f"(it answered {type(answer).__name__}): is the driver running another "
-                "version of mlflow_hvd?"
+                f"(it answered {said}): is the driver running another version of mlflow_hvd?"
             )
         if answer.error and answer.outage:
             raise ConnectionError(answer.error)

@@ -1,6 +1,5 @@
-"""Installing into environments mlflow_hvd did not make: Horovod built against the installed
-TensorFlow (mlflow_hvd.cli.horovod) and the MLproject's environment completed in place
-(mlflow_hvd.cli.project_env). Real package metadata, real subprocesses."""
+"""Horovod built against the installed TensorFlow and PyTorch (mlflow_hvd.cli.horovod), in
+environments mlflow_hvd did not make. Real package metadata, real subprocesses."""
 
 from __future__ import annotations
 
@@ -11,22 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import run_entry_point
 from test_compat import _fake_distribution
 
-from mlflow_hvd.cli import horovod, project_env
-
-
-def _cli(module: str, *args: str, path: Path | None = None,
-         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    code = "import sys; " + (f"sys.path.insert(0, {str(path)!r}); " if path else "") + (
-        f"from {module} import main; sys.exit(main({list(args)!r}))")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})
+from mlflow_hvd.cli import horovod
 
 
 def test_an_environment_with_its_horovod_is_seen_as_ready_without_importing_tensorflow() -> None:
-    proc = _cli("mlflow_hvd.cli.horovod")
+    proc = run_entry_point("mlflow_hvd.cli.horovod")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Horovod 0.28.1 for TensorFlow ")
     assert proc.stdout.rstrip().endswith(f"is installed ({Path(sys.prefix) / horovod.MARKER})")
@@ -37,7 +28,7 @@ def test_an_environment_with_its_horovod_is_seen_as_ready_without_importing_tens
 
 
 def test_check_loads_horovod_as_a_rank_does_and_reports_gloo() -> None:
-    proc = _cli("mlflow_hvd.cli.horovod", "--check")
+    proc = run_entry_point("mlflow_hvd.cli.horovod", "--check")
     assert proc.returncode == 0, proc.stderr[-2000:]
     torch = horovod.target().torch
     assert proc.stdout.strip().splitlines()[-1] == (
@@ -94,7 +85,7 @@ def test_the_cache_key_names_both_frameworks() -> None:
 
 def test_a_tensorflow_outside_the_range_is_refused_before_any_build(tmp_path: Path) -> None:
     fake = _fake_distribution(tmp_path / "site", "tensorflow", "2.19.0")
-    proc = _cli("mlflow_hvd.cli.horovod", path=fake,
+    proc = run_entry_point("mlflow_hvd.cli.horovod", path=fake,
                 env={"MLFLOW_HVD_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
@@ -102,29 +93,6 @@ def test_a_tensorflow_outside_the_range_is_refused_before_any_build(tmp_path: Pa
         "TensorFlow >=2.16,<2.19 (2.16 is the first whose tf.keras is Keras 3; 2.18 the last "
         "Horovod 0.28.1 builds against). Install a version in that range")
     assert not (tmp_path / "cache").exists()  # nothing was built
-
-
-def test_only_environments_mlflow_created_are_completed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("MLFLOW_ENV_ROOT", str(tmp_path / "envs"))
-    assert project_env.mlflow_managed(str(tmp_path / "envs" / "mlflow-3f2a"))
-    assert not project_env.mlflow_managed(str(tmp_path / "envs" / "mine"))
-    assert not project_env.mlflow_managed(str(tmp_path / "elsewhere" / "mlflow-3f2a"))
-    assert not project_env.mlflow_managed(sys.prefix)  # this venv is the user's
-
-
-def test_the_project_is_recognised_by_where_it_is_installed_from(tmp_path: Path) -> None:
-    assert project_env.PROJECT == REPO
-    assert project_env.installed_from(REPO)  # `make setup` installs it editable from here
-    assert not project_env.installed_from(tmp_path)
-
-
-def test_in_the_users_own_environment_the_entry_point_only_checks(tmp_path: Path) -> None:
-    before = sorted(p.name for p in Path(sys.prefix).iterdir())
-    proc = _cli("mlflow_hvd.cli.project_env")
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
-    assert sorted(p.name for p in Path(sys.prefix).iterdir()) == before
 
 
 def test_a_wheel_without_the_pytorch_extension_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,284 @@
+"""Driver side: one generation of ranks — the driver's servers, the backend that started
+the ranks, and the answers to what the ranks ask — from set-up to tear-down.
+
+Every job runs on a generation. A cold one (``warm=False``) serves one job: its ranks exit
+after it. A warm one (:mod:`mlflow_hvd.driver.pool`'s ``with HorovodRunner(...)``) keeps
+its ranks after each job: each shuts Horovod down, clears Keras' state and asks for the next
+job (:class:`~mlflow_hvd.protocol.messages.AwaitJob`), answered with the next payload, or
+``Retire`` when the generation closes or its ranks waited past the idle limit.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import secrets
+import threading
+from collections.abc import Callable
+
+from mlflow_hvd.backends.base import Backend, JobSpec
+from mlflow_hvd.common import logs
+from mlflow_hvd.common.deadline import Deadline
+from mlflow_hvd.driver.channel_server import ChannelServer, ChannelStats
+from mlflow_hvd.driver.job import Job
+from mlflow_hvd.driver.limits import ensure_open_files
+from mlflow_hvd.driver.rendezvous import Rendezvous, RendezvousStats
+from mlflow_hvd.driver.routing import (
+    UndeliveredHandler,
+    credentials_answer,
+    layout_answer,
+    message_router,
+    request_router,
+    untracked_answer,
+)
+from mlflow_hvd.driver.supervisor import DriverSettings
+from mlflow_hvd.driver.tasks import TaskGate
+from mlflow_hvd.errors import BackendError
+from mlflow_hvd.protocol.credentials import Credentials
+from mlflow_hvd.protocol.messages import (
+    AwaitJob,
+    EpochReport,
+    NextJob,
+    RankDisconnected,
+    Retire,
+    TrackingWrite,
+    WorkerError,
+    WorkerExited,
+)
+
+RETIRE_WAIT = 15.0  # seconds ranks that end by themselves and the backend get before a stop
+IDLE_POLL = 1.0  # seconds between checks of an idle rank's limit
+
+log = logging.getLogger(__name__)
+
+
+def job_spec(job: Job, np: int, secret: bytes, driver_host: str, channel_port: int,
+             rendezvous_port: int, warm: bool) -> JobSpec:
+    """What a generation's ranks are started with, from its first job's settings (the one
+    place a :class:`JobSpec` is built)."""
+    settings = job.settings
+    return JobSpec(
+        np=np,
+        payload=job.payload,
+        secret=secret,
+        driver_host=driver_host,
+        channel_port=channel_port,
+        rendezvous_port=rendezvous_port,
+        job_id=job.job_id,
+        description=job.description,
+        channel_timeout=settings.channel_timeout,
+        max_line_bytes=settings.max_line_bytes,
+        stop_grace=settings.stop_grace,
+        gloo_iface=settings.gloo_iface,
+        pooled=warm,
+        log_level=logs.handed_level(),
+        idle_timeout=settings.idle_timeout,
+        horovod_env=settings.horovod_env,
+        gpu_resource=settings.gpu_resource,
+    )
+
+
+class GenerationState(enum.Enum):
+    """Where a generation is. ``SERVING`` while it runs jobs (and, warm, its ranks wait for
+    the next); ``EXPIRED`` once a warm rank waited longer than the idle limit (the next job
+    needs a new generation); ``CLOSED`` once :meth:`Generation.close` began (every waiting
+    rank is answered ``Retire``)."""
+
+    SERVING = "serving"
+    EXPIRED = "expired"
+    CLOSED = "closed"
+
+
+class Generation:
+    """One set of ranks and the driver's servers for them (see the module docstring).
+
+    Servers listen from construction on; :meth:`launch` starts the ranks with a first job,
+    :meth:`hand_out` gives warm ranks the next, :meth:`close` tears everything down.
+    ``state`` moves only through :meth:`_expire` and :meth:`close`, under ``_cond``; the
+    current job (whose handlers answer rank 0) changes only in :meth:`launch` and
+    :meth:`hand_out`.
+    """
+
+    def __init__(self, np: int, backend: Backend, driver_host: str, warm: bool,
+                 number: int = 1) -> None:
+        self.np, self.backend, self.driver_host = np, backend, driver_host
+        self.warm, self.number = warm, number
+        self.name = f"generation {number}"  # a cold one is named for its job at launch
+        self.events: queue.Queue[object] = queue.Queue()
+        self.tasks = TaskGate()  # the generation's Spark tasks
+        self.secret = secrets.token_bytes(32)
+        self.state = GenerationState.SERVING
+        self._cond = threading.Condition()
+        self._job: Job | None = None
+        self._waiting: set[int] = set()  # ranks whose AwaitJob is open
+        self._handed = 0  # jobs handed out after the first: a waiting rank's ticket
+        ensure_open_files(np)
+        self.rendezvous = Rendezvous(np)
+        self._route = message_router(self.events, self.rendezvous, self._undelivered,
+                                     self.tasks)
+        answer = request_router(
+            self._tracking, layout_answer(self.tasks, self.rendezvous, self.events),
+            credentials_answer(self.secret, self._credentials),
+            self._await_job if warm else None)
+        try:
+            self.channel = open_channel(self.secret, self._route, driver_host, answer)
+        except BaseException:  # no channel, no job: the rendezvous server must not outlive it
+            self.rendezvous.stop()
+            raise
+        try:
+            self.port = self.channel.start()
+        except BaseException:
+            self.channel.stop()
+            self.rendezvous.stop()
+            raise
+
+    # --- the current job's handlers ------------------------------------------------------
+    def _tracking(self, request: TrackingWrite | EpochReport) -> object:
+        job = self._job
+        if job is None or job.on_tracking_write is None:
+            return untracked_answer(request)
+        return job.on_tracking_write(request)
+
+    def _credentials(self) -> Credentials | None:
+        job = self._job
+        return job.settings.credentials if job is not None else None
+
+    def _undelivered(self) -> UndeliveredHandler | None:
+        job = self._job
+        return job.on_undelivered if job is not None else None
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def launch(self, job: Job) -> None:
+        """Start the ranks with ``job`` as their first (returns once the backend started)."""
+        self._job = job
+        if not self.warm:
+            self.name = f"job {job.job_id}"
+        log.info("%s: starting %d ranks on the %s backend for job %s (%s)", self.name,
+                 self.np, self.backend.name, job.job_id, job.description)
+        spec = job_spec(job, self.np, self.secret, self.driver_host, self.port,
+                        self.rendezvous.port, self.warm)
+        self.backend.start(spec, self._route)  # what the backend itself reports, routed
+
+    def hand_out(self, job: Job, deadline: Deadline) -> None:
+        """Give ``job`` to every warm rank once all wait for it.
+
+        Raises:
+            BackendError: A rank died between jobs, or not every rank asked for the next
+                job within the deadline (the caller replaces the generation).
+        """
+        with self._cond:
+            while True:
+                if self.state is not GenerationState.SERVING:
+                    raise BackendError(f"the warm ranks are {self.state.value}")
+                gone = self._gone_between_jobs()  # a dead rank's request may still wait
+                if gone:
+                    raise BackendError(f"a pooled rank ended between jobs: {gone}")
+                if len(self._waiting) >= self.np:
+                    break
+                if deadline.passed():
+                    missing = sorted(set(range(self.np)) - self._waiting)
+                    raise BackendError(
+                        f"pooled ranks {', '.join(map(str, missing))} did not ask for the "
+                        "next job in time"
+                    )
+                self._cond.wait(deadline.slice(0.1))
+            self._drain_idle_messages()
+            self.rendezvous.reset()  # a fresh round for Horovod's next init
+            self._job = job
+            self._handed += 1
+            self._cond.notify_all()
+        log.info("job %s: handed to %s", job.job_id, self.name)
+
+    def _await_job(self, request: AwaitJob) -> object:
+        """A warm rank finished its job: hold it until the next job, the generation's close,
+        or the idle limit (the current job's ``settings.idle_timeout``), whichever comes
+        first."""
+        job = self._job
+        idle = Deadline.after(job.settings.idle_timeout if job else DriverSettings.idle_timeout)
+        with self._cond:
+            self._waiting.add(request.rank)
+            self._cond.notify_all()
+            handed = self._handed
+            while self._handed == handed and self.state is GenerationState.SERVING:
+                if idle.passed():
+                    self._expire(request.rank, idle)
+                    break
+                self._cond.wait(idle.slice(IDLE_POLL))
+            self._waiting.discard(request.rank)
+            if self._handed != handed and self._job is not None:
+                return NextJob(self._job.payload)
+            return Retire()
+
+    def _expire(self, rank: int, idle: Deadline) -> None:
+        """SERVING -> EXPIRED: a rank waited ``idle.seconds`` for a job; retire them all
+        (the next run starts a new generation). Called under ``_cond``."""
+        self.state = GenerationState.EXPIRED
+        self._cond.notify_all()
+        log.info("%s: rank %d idle for %.0fs (idle limit): retiring its ranks",
+                 self.name, rank, idle.seconds)
+
+    def _gone_between_jobs(self) -> str:
+        """A description of ranks that ended while idle (their exit reports queued)."""
+        found = []
+        for message in list(self.events.queue):
+            if isinstance(message, WorkerExited):
+                found.append(f"rank {message.rank} on {message.host} (exit {message.exit_code})")
+            elif isinstance(message, RankDisconnected | WorkerError):
+                found.append(f"rank {message.rank}")
+        return "; ".join(found)
+
+    def _drain_idle_messages(self) -> None:
+        """Messages that arrived between jobs (stray output) belong to no job: drop them."""
+        while True:
+            try:
+                self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    def close(self, stop_now: bool) -> None:
+        """-> CLOSED: let the ranks end by themselves (a cold job's ranks after their job,
+        within the backend's own bounded wait; warm ranks answered ``Retire``, within
+        ``RETIRE_WAIT`` seconds), or stop them now (``stop_now``: after a failure, a
+        deadline or Ctrl-C); release the backend and stop the servers, on every path.
+        Idempotent."""
+        with self._cond:
+            if self.state is GenerationState.CLOSED:
+                return
+            self.state = GenerationState.CLOSED
+            self._cond.notify_all()
+        log.info("%s: %s its ranks", self.name, "stopping" if stop_now else "releasing")
+        try:
+            if stop_now or (self.warm and not self.backend.wait(RETIRE_WAIT)):
+                self.tasks.close()
+                self.backend.stop()
+            self.backend.close()
+        finally:
+            self.rendezvous.stop()
+            self.channel.stop()
+            log_load(self.name, self.channel.stats(), self.rendezvous.stats())
+
+
+def log_load(what: str, channel: ChannelStats, rendezvous: RendezvousStats) -> None:
+    """The lifecycle log's account of what a generation's ranks asked of the driver's
+    servers."""
+    log.info("%s: the channel handled %d connections (%d open at most) and %d messages; "
+             "the rendezvous server %d requests in %.1fs (%d not there yet), %.1f MiB sent",
+             what, channel.connections, channel.max_open, channel.messages,
+             rendezvous.requests, rendezvous.seconds, rendezvous.not_found,
+             rendezvous.bytes_sent / 2**20)
+
+
+def open_channel(
+    secret: bytes,
+    on_message: Callable[[object], None],
+    driver_host: str,
+    on_request: Callable[[object], object] | None = None,
+) -> ChannelServer:
+    """The channel server, listening only where workers connect (loopback for local
+    processes); on every interface when ``driver_host`` is not an address of this host
+    (e.g. behind NAT)."""
+    try:
+        return ChannelServer(secret, on_message, driver_host, on_request)
+    except OSError:
+        return ChannelServer(secret, on_message, "", on_request)

@@ -1,0 +1,138 @@
+"""Driver side: where each message from a rank or a Spark task goes, and who answers each
+request (every request type has its own answer types, :mod:`mlflow_hvd.protocol.messages`)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable
+
+from mlflow_hvd.driver.rendezvous import Rendezvous
+from mlflow_hvd.driver.tasks import TaskGate
+from mlflow_hvd.protocol.credentials import Credentials, seal
+from mlflow_hvd.protocol.messages import (
+    AskCredentials,
+    AwaitJob,
+    EpochReport,
+    Launch,
+    LayoutReport,
+    NoCredentials,
+    NotJudged,
+    StartNoWorker,
+    TaskDisconnected,
+    TrackingWrite,
+    TrackingWritten,
+    Unanswered,
+    UndeliveredTracking,
+)
+
+log = logging.getLogger(__name__)
+
+# Answers rank 0's tracking requests: a TrackingWrite (-> TrackingWritten) and, in a job
+# that prunes, an EpochReport (-> EpochVerdict or NotJudged)
+TrackingWriter = Callable[[TrackingWrite | EpochReport], object]
+UndeliveredHandler = Callable[[UndeliveredTracking], None]
+
+
+def message_router(
+    events: queue.Queue[object],
+    rendezvous: Rendezvous,
+    on_undelivered: Callable[[], UndeliveredHandler | None],
+    tasks: TaskGate,
+) -> Callable[[object], None]:
+    """Where each incoming message goes: a layout the local backend sinks to the
+    rendezvous (a mismatch, and everything else but undelivered tracking, to the driver
+    loop's queue); a Spark task's departure also to ``tasks``; undelivered tracking to the
+    current job's handler (``on_undelivered()``)."""
+
+    def on_message(message: object) -> None:
+        if isinstance(message, LayoutReport):
+            mismatch = rendezvous.on_layout(message)
+            if mismatch is not None:
+                events.put(mismatch)
+        elif isinstance(message, TaskDisconnected):
+            tasks.left(message.partition)
+            events.put(message)  # wakes the driver loop
+        elif isinstance(message, UndeliveredTracking):
+            handler = on_undelivered()
+            if handler is None:
+                log.warning("mlflow_hvd: %d tracking records rank 0 could not deliver "
+                            "arrived with no job to keep them; they are lost",
+                            len(message.records))
+            else:
+                handler(message)
+        else:
+            events.put(message)
+
+    return on_message
+
+
+def request_router(
+    on_tracking_write: Callable[[TrackingWrite | EpochReport], object],
+    on_layout: Callable[[LayoutReport], object],
+    on_credentials: Callable[[AskCredentials], object],
+    on_await_job: Callable[[AwaitJob], object] | None = None,
+) -> Callable[[object], object]:
+    """Who answers each request: rank 0's tracking writes and epoch reports go to
+    ``on_tracking_write``, a Spark task's layout to ``on_layout``, rank 0's request for the
+    driver's MLflow client settings to ``on_credentials``, a warm rank's request for the
+    next job to ``on_await_job``; anything else is :class:`Unanswered`."""
+
+    def on_request(request: object) -> object:
+        if isinstance(request, TrackingWrite | EpochReport):
+            return on_tracking_write(request)
+        if isinstance(request, LayoutReport):
+            return on_layout(request)
+        if isinstance(request, AskCredentials):
+            return on_credentials(request)
+        if isinstance(request, AwaitJob) and on_await_job is not None:
+            return on_await_job(request)
+        return Unanswered(f"this driver does not answer {type(request).__name__}")
+
+    return on_request
+
+
+def untracked_answer(request: TrackingWrite | EpochReport) -> object:
+    """The answer to rank 0's tracking request in a job the driver does not track."""
+    if isinstance(request, EpochReport):
+        return NotJudged("the job does not prune")
+    return TrackingWritten(error=f"the driver keeps no MLflow run for this job (rank 0 "
+                                 f"wrote to run {request.run_id})", outage=False)
+
+
+def credentials_answer(
+    secret: bytes, current: Callable[[], Credentials | None]
+) -> Callable[[AskCredentials], object]:
+    """Rank 0's request for the driver's MLflow client settings: the current job's, sealed
+    with the job's secret; :class:`NoCredentials` for any other rank, or when there are
+    none."""
+
+    def answer(request: AskCredentials) -> object:
+        credentials = current()
+        if request.rank != 0 or credentials is None:
+            return NoCredentials()
+        log.info("rank 0 gets the driver's MLflow client settings: %s",
+                 ", ".join(credentials.names()))
+        return seal(secret, credentials)
+
+    return answer
+
+
+def layout_answer(
+    tasks: TaskGate, rendezvous: Rendezvous, events: queue.Queue[object]
+) -> Callable[[LayoutReport], object]:
+    """The answer to a Spark task's layout: :class:`Launch` once the task is counted and
+    the rendezvous initialised (a mismatch goes to the driver loop), :class:`StartNoWorker`
+    when the job is already being stopped."""
+
+    def answer(report: LayoutReport) -> object:
+        if not tasks.admit(report.partition):
+            log.info("task %d reported after the job began stopping: it starts no worker",
+                     report.partition)
+            return StartNoWorker()
+        mismatch = rendezvous.on_layout(report)
+        if mismatch is not None:
+            events.put(mismatch)
+        return Launch()
+
+    return answer

@@ -1,0 +1,26 @@
+"""The checks of the options users pass (common/options.py): one message per option."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlflow_hvd.common.options import check_np, check_positive_int, check_seconds
+from mlflow_hvd.errors import ConfigurationError
+
+
+def test_option_validators_name_the_option() -> None:
+    assert check_np(-2) == -2
+    with pytest.raises(ConfigurationError) as info:
+        check_np(True)
+    assert str(info.value) == (
+        "np must be a non-zero integer, got True (bool): use np=-N for N processes on the "
+        "driver, np=N for N Spark barrier tasks"
+    )
+    assert check_seconds("t", 2) == 2.0
+    with pytest.raises(ConfigurationError) as info:
+        check_seconds("start_timeout", -1)
+    assert str(info.value) == "start_timeout must be a positive number of seconds, got -1"
+    assert check_positive_int("n", 3) == 3
+    with pytest.raises(ConfigurationError) as info:
+        check_positive_int("max_evals", 1.5)
+    assert str(info.value) == "max_evals must be an integer >= 1, got 1.5"

@@ -1,0 +1,67 @@
+"""The package face: its lazily imported names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import mlflow_hvd
+
+
+def test_unknown_top_level_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="^module 'mlflow_hvd' has no attribute 'Nope'$"):
+        _ = mlflow_hvd.Nope  # type: ignore[attr-defined]
+    assert mlflow_hvd.HorovodRunner.__name__ == "HorovodRunner"
+    assert "HorovodRunner" in dir(mlflow_hvd)
+
+
+def _documented() -> str:
+    from conftest import REPO
+
+    return (REPO / "README.md").read_text()
+
+
+@pytest.mark.parametrize("module", ["mlflow_hvd", "mlflow_hvd.tracking", "mlflow_hvd.keras",
+                                    "mlflow_hvd.torch", "mlflow_hvd.sweep"])
+def test_every_public_name_is_documented_in_the_readme(module: str) -> None:
+    import importlib
+    import re
+
+    face = importlib.import_module(module)
+    names = getattr(face, "__all__", [])
+    assert names, f"{module} declares no __all__"
+    # what a face re-exports from Horovod is documented by Horovod
+    names = [n for n in names if not (getattr(getattr(face, n), "__module__", None) or
+                                      "").startswith("horovod.")]
+    readme = _documented()
+    missing = [n for n in names if not re.search(rf"`[\w.]*\b{re.escape(n)}\b", readme)]
+    assert missing == [], f"{module}: not in the README: {missing}"
+
+
+def test_every_option_of_the_runner_is_documented_in_the_readme() -> None:
+    import inspect
+
+    readme = _documented()
+    options = inspect.signature(mlflow_hvd.HorovodRunner).parameters
+    missing = [n for n in options if f"| `{n}` |" not in readme]
+    assert missing == [], f"HorovodRunner options not in the README's table: {missing}"
+
+
+def test_the_architecture_map_lists_every_module() -> None:
+    from conftest import REPO
+
+    readme = _documented()
+    start = readme.index("```\nmlflow_hvd/\n")
+    block = readme[start:readme.index("```\n", start + 4)]
+    package = REPO / "mlflow_hvd"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        folder = f"  {rel.parent}/" if rel.parent != Path(".") else ""
+        if path.name == "__init__.py":
+            if folder and folder not in block:  # a package: its own line
+                missing.append(str(rel))
+        elif path.name not in block:
+            missing.append(str(rel))
+    assert missing == [], f"modules not in the README's architecture map: {missing}"

@@ -1,0 +1,27 @@
+"""The retry policy (:mod:`mlflow_hvd.driver.retry`): what follows a failed attempt."""
+
+from __future__ import annotations
+
+from mlflow_hvd.errors import RankFailure, WorkerFailedError
+
+
+def _failure(rank: int, code: int | None) -> RankFailure:
+    return RankFailure(rank, f"host{rank}", code, "", "", (), 1.0)
+
+
+def test_the_retry_policy_reruns_a_job_that_never_ran_once_and_restarts_up_to_the_limit() -> None:
+    from mlflow_hvd.driver.retry import Decision, RetryPolicy
+    from mlflow_hvd.errors import BackendError, ConfigurationError, JobNotStartedError
+
+    failed = WorkerFailedError(_failure(1, 1))
+    never_ran = JobNotStartedError("ranks died before starting it")
+    policy = RetryPolicy(max_failures=1)
+    assert policy.decide(never_ran, attempt=0, reruns=0) is Decision.RERUN
+    assert policy.decide(never_ran, attempt=0, reruns=1) is Decision.RESTART  # rerun used
+    assert policy.decide(never_ran, attempt=1, reruns=1) is Decision.GIVE_UP
+    assert policy.decide(failed, attempt=0, reruns=0) is Decision.RESTART
+    assert policy.decide(BackendError("stage failed"), attempt=0, reruns=0) is Decision.RESTART
+    assert policy.decide(failed, attempt=1, reruns=0) is Decision.GIVE_UP
+    assert policy.decide(ConfigurationError("bad"), attempt=0, reruns=0) is Decision.GIVE_UP
+    assert RetryPolicy().decide(failed, attempt=0, reruns=0) is Decision.GIVE_UP
+    assert RetryPolicy().decide(never_ran, attempt=0, reruns=0) is Decision.RERUN

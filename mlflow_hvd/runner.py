@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import logging
 import os
@@ -386,10 +387,11 @@ class RunHooks:
 
 def check_call(main: Callable[..., Any], kwargs: dict[str, Any]) -> None:
     """Refuses, on the driver, a ``main`` that is not callable or whose signature does not
-    accept ``kwargs`` (a name it does not take, or a required one missing).
+    accept ``kwargs``: names it does not take (with the closest parameter) and required
+    parameters missing, all in one message.
 
     Raises:
-        ConfigurationError: Naming ``main`` and the argument.
+        ConfigurationError: Naming ``main`` and the arguments.
     """
     if not callable(main):
         raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
@@ -397,13 +399,25 @@ def check_call(main: Callable[..., Any], kwargs: dict[str, Any]) -> None:
         signature = inspect.signature(main)
     except (TypeError, ValueError):  # a callable Python cannot describe: ranks will tell
         return
-    try:
-        signature.bind(**kwargs)
-    except TypeError as exc:
+    params = signature.parameters
+    by_keyword = {n for n, p in params.items()
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    problems = []
+    for name in kwargs:
+        if name not in by_keyword and not (takes_any and name not in params):
+            close = difflib.get_close_matches(name, sorted(by_keyword), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"it takes no argument {name!r}{hint}")
+    missing = [n for n, p in params.items() if p.default is p.empty
+               and (n not in kwargs or n not in by_keyword)
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if missing:
+        problems.append(f"it needs {', '.join(map(repr, missing))}")
+    if problems:
         plain = signature.replace(
-            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            parameters=[p.replace(annotation=p.empty) for p in params.values()],
             return_annotation=signature.empty)
         raise ConfigurationError(
-            f"run({_name(main)}, ...): {exc} (main{plain}); run(main, **kwargs) calls "
-            "main(**kwargs) on every rank"
-        ) from None
+            f"run({_name(main)}, ...): {'; '.join(problems)}: main{plain}. run(main, "
+            "**kwargs) calls main(**kwargs) on every rank")

@@ -76,18 +76,34 @@ def test_a_keyword_main_does_not_take_is_refused_on_the_driver_naming_it(store: 
 
     before = mlflow.search_runs(search_all_experiments=True)
     with pytest.raises(ConfigurationError) as info:
-        HorovodRunner(np=-2).run(_train, learning_rate=0.1, nope=1)
+        HorovodRunner(np=-2).run(_train, learning_rate=0.1, epoch=3, nope=1)
     assert str(info.value) == (
-        "run(_train, ...): got an unexpected keyword argument 'nope' (main(learning_rate, "
-        "epochs=2)); run(main, **kwargs) calls main(**kwargs) on every rank"
+        "run(_train, ...): it takes no argument 'epoch' (did you mean 'epochs'?); it takes "
+        "no argument 'nope': main(learning_rate, epochs=2). run(main, **kwargs) calls "
+        "main(**kwargs) on every rank"
     )
     with pytest.raises(ConfigurationError) as info:
         HorovodRunner(np=-2).run(_train, epochs=3)
-    assert str(info.value).startswith(
-        "run(_train, ...): missing a required argument: 'learning_rate' (main(")
+    assert str(info.value) == (
+        "run(_train, ...): it needs 'learning_rate': main(learning_rate, epochs=2). "
+        "run(main, **kwargs) calls main(**kwargs) on every rank"
+    )
     # refused before anything started: no MLflow run, no worker
     assert len(mlflow.search_runs(search_all_experiments=True)) == len(before)
     assert worker_processes() == []
+
+
+def _flexible(a: int, /, *, b: int, **rest: object) -> None:
+    """Positional-only ``a`` cannot come as a keyword; ``**rest`` takes any other name."""
+
+
+def test_positional_only_and_var_keyword_parameters_are_read_as_python_binds_them() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        HorovodRunner(np=-1, track=False).run(_flexible, a=1, b=2, c=3)
+    assert str(info.value) == (
+        "run(_flexible, ...): it takes no argument 'a'; it needs 'a': main(a, /, *, b, "
+        "**rest). run(main, **kwargs) calls main(**kwargs) on every rank"
+    )
 
 
 def test_dynamic_allocation_is_refused_with_the_setting_to_change() -> None:

@@ -118,6 +118,9 @@ def test_bad_sweep_arguments_start_nothing(store: str) -> None:
         sweep(workers.quadratic_trial, SPACE, max_evals=1, np=0)
     with pytest.raises(ConfigurationError, match="space must be a non-empty dict"):
         sweep(workers.quadratic_trial, {}, max_evals=1, np=-1)
+    with pytest.raises(ConfigurationError, match=r"^run\(quadratic_trial, \.\.\.\): it takes no "
+                       r"argument 'yy' \(did you mean 'y'\?\)"):
+        sweep(workers.quadratic_trial, {"x": SPACE["x"], "yy": SPACE["y"]}, max_evals=1, np=-1)
     assert mlflow.search_runs(search_all_experiments=True, output_format="list") == []
 
 

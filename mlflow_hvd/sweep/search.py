@@ -20,7 +20,7 @@ from mlflow_hvd.common.options import check_positive_int
 from mlflow_hvd.driver.signals import sigterm_interrupts
 from mlflow_hvd.driver.tracking.run import store_lock
 from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
-from mlflow_hvd.runner import HorovodRunner
+from mlflow_hvd.runner import HorovodRunner, check_call
 from mlflow_hvd.sweep.plot import plot_losses
 from mlflow_hvd.sweep.pruning import Rule, describe, make_rule
 from mlflow_hvd.sweep.space import plain, validate_space
@@ -200,6 +200,8 @@ def _validate(
     rule = make_rule(prune, grace_epochs)
     validate_space(space, seed)
     HorovodRunner(np=np, **dict(runner_options or {}))  # validates np and options now
+    # every trial calls train_fn(**sampled, **fixed): a name it does not take fails now
+    check_call(train_fn, {**dict.fromkeys(space), **dict(fixed_params or {})})
     return Plan(
         train_fn,
         dict(space),

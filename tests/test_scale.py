@@ -79,7 +79,7 @@ def test_the_rendezvous_of_32_ranks_is_served_and_counted(
     driver's count of the requests it served equals the ranks' count of answers."""
     import logging
 
-    caplog.set_level(logging.INFO, logger="mlflow_hvd.driver.job")
+    caplog.set_level(logging.INFO, logger="mlflow_hvd.driver.generation")
     result = HorovodRunner(np=-32, track=False, driver_log_verbosity="all").run(
         workers.scale_rank, lines=3, rendezvous_dir=str(tmp_path), spread=1.0)
     assert result["rank"] == 0

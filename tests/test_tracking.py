@@ -23,6 +23,13 @@ from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.protocol.records import Metric
 
 
+def _tensorflow_version() -> str:
+    """``tf.__version__`` as a fresh interpreter imports it (upstream's own answer)."""
+    out = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(tf.__version__)"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize(
     ("uri", "expected"),
     [
@@ -33,13 +40,6 @@ from mlflow_hvd.protocol.records import Metric
         ("databricks", "databricks"),
     ],
 )
-def _tensorflow_version() -> str:
-    """``tf.__version__`` as a fresh interpreter imports it (upstream's own answer)."""
-    out = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(tf.__version__)"],
-                         capture_output=True, text=True, timeout=300, check=True)
-    return out.stdout.strip().splitlines()[-1]
-
-
 def test_relative_store_uris_become_absolute(uri: str, expected: str) -> None:
     assert absolute_tracking_uri(uri, cwd="/base") == expected
 

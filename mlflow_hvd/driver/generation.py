@@ -121,17 +121,17 @@ class Generation:
             self._tracking, layout_answer(self.tasks, self.rendezvous, self.events),
             credentials_answer(self.secret, self._credentials),
             self._await_job if warm else None)
+        channel: ChannelServer | None = None
         try:
-            self.channel = open_channel(self.secret, self._route, driver_host, answer)
+            channel = open_channel(self.secret, self._route, driver_host, answer)
+            self.port = channel.start()
         except BaseException:  # no channel, no job: the rendezvous server must not outlive it
+            if channel is not None:
+                channel.stop()
             self.rendezvous.stop()
             raise
-        try:
-            self.port = self.channel.start()
-        except BaseException:
-            self.channel.stop()
-            self.rendezvous.stop()
-            raise
+        self.channel = channel
+        self._idle_timeout = DriverSettings.idle_timeout  # what the ranks were started with
 
     # --- the current job's handlers ------------------------------------------------------
     def _tracking(self, request: TrackingWrite | EpochReport) -> object:
@@ -158,6 +158,7 @@ class Generation:
                  self.np, self.backend.name, job.job_id, job.description)
         spec = job_spec(job, self.np, self.secret, self.driver_host, self.port,
                         self.rendezvous.port, self.warm)
+        self._idle_timeout = spec.idle_timeout
         self.backend.start(spec, self._route)  # what the backend itself reports, routed
 
     def hand_out(self, job: Job, deadline: Deadline) -> None:
@@ -192,10 +193,8 @@ class Generation:
 
     def _await_job(self, request: AwaitJob) -> object:
         """A warm rank finished its job: hold it until the next job, the generation's close,
-        or the idle limit (the current job's ``settings.idle_timeout``), whichever comes
-        first."""
-        job = self._job
-        idle = Deadline.after(job.settings.idle_timeout if job else DriverSettings.idle_timeout)
+        or the idle limit the ranks were started with, whichever comes first."""
+        idle = Deadline.after(self._idle_timeout)
         with self._cond:
             self._waiting.add(request.rank)
             self._cond.notify_all()

@@ -15,6 +15,7 @@ backend (a Spark stage frees its slots), and stops the driver's servers, on ever
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import TextIO
 
@@ -136,8 +137,6 @@ def run_job(np: int, backend: Backend, job: Job, driver_host: str = "127.0.0.1",
         RunTimeoutError: The job exceeded ``settings.timeout``.
         BackendError: The backend failed outside the user's code.
     """
-    import sys
-
     pool = RankPool(np, lambda: (backend, driver_host), warm=False)
     try:
         return pool.run(job, out or sys.stdout)

@@ -69,11 +69,20 @@ def _devices(ctx: Any, resource: str, slots: Sequence[RankSlot],
     return visible_devices(slots, every, partition)
 
 
-def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
-    """Build the function that ``mapPartitions`` runs in every barrier task."""
+RESULT_SCHEMA = "exit_code int"  # what each barrier task returns: its rank's exit code
 
-    def run_task(_: Iterable[int]) -> Iterator[int]:
+
+def barrier_task(job: JobSpec) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """Build the function that ``mapInArrow(..., barrier=True)`` runs in every barrier task:
+    it takes the task's partition as Arrow record batches and yields one batch holding the
+    exit code of the task's rank (``RESULT_SCHEMA``)."""
+
+    def run_task(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
         from pyspark import BarrierTaskContext
+
+        for _ in batches:  # a job without data: the one row of spark.range(np)'s partition
+            pass
 
         if job.log_level:  # the driver's lifecycle log level: into the executor's stderr
             logs.enable(job.log_level)
@@ -94,7 +103,7 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[int]], Iterator[int]]:
                 code = EXIT_NOT_LAUNCHED
         finally:
             client.close()
-        yield code
+        yield pa.RecordBatch.from_pydict({"exit_code": pa.array([code], pa.int32())})
 
     return run_task
 

@@ -6,7 +6,7 @@ import re
 import threading
 from typing import Any
 
-from mlflow_hvd.agent.spark_task import barrier_task
+from mlflow_hvd.agent.spark_task import RESULT_SCHEMA, barrier_task
 from mlflow_hvd.backends.spark.session import (
     check_barrier_supported,
     check_executor_env,
@@ -17,7 +17,9 @@ from mlflow_hvd.protocol.messages import BackendFinished, Sink
 
 
 class SparkBackend:
-    """Submits ``parallelize(range(np), np).barrier().mapPartitions(task)`` under a job group.
+    """Submits ``frame.mapInArrow(task, barrier=True)`` under a job group, over a DataFrame
+    of exactly ``np`` partitions: ``spark.range(np)`` for a job without data (one row per
+    task). The DataFrame API's barrier stage is the one Spark Connect sessions have too.
 
     ``stop`` cancels the job group; Spark then kills the tasks' Python workers, whose own
     worker processes die with them (parent-death signal).
@@ -49,8 +51,8 @@ class SparkBackend:
         try:
             # Job group properties are thread-local: set them in the submitting thread.
             self._sc.setJobGroup(job.job_id, job.description, interruptOnCancel=True)
-            rdd = self._sc.parallelize(range(job.np), job.np)
-            rdd.barrier().mapPartitions(barrier_task(job)).collect()
+            frame = self._spark.range(0, job.np, 1, job.np)
+            frame.mapInArrow(barrier_task(job), RESULT_SCHEMA, barrier=True).collect()
         except Exception as exc:
             sink(BackendFinished(error=summarize_spark_error(exc)))
         else:

@@ -158,8 +158,8 @@ def _dump(partial: str, timeout: float) -> None:
         .config("spark.driver.defaultJavaOptions", f"-XX:ArchiveClassesAtExit={partial}")
         .getOrCreate()
     )
-    rdd = spark.sparkContext.parallelize(range(2), 2).barrier()
-    rdd.mapPartitions(lambda rows: [sum(rows)]).collect()
+    # the launcher's own stage: a barrier mapInArrow over spark.range (backends/spark/backend)
+    spark.range(0, 2, 1, 2).mapInArrow(lambda batches: batches, "id long", barrier=True).collect()
     spark.stop()
     gateway = SparkContext._gateway
     assert gateway is not None

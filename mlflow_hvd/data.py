@@ -1,6 +1,10 @@
 """Rank side (inside the training function): per-rank data sharding, every rank gets a
 distinct, equal-size shard.
 
+A Spark DataFrame passed to ``run`` arrives as this rank's :class:`Shard` (written by its
+Spark task to this host; see the README's "Training data from Spark"). The helpers below
+shard data every rank already holds (numpy arrays) or can read (a shared Parquet path).
+
 Equal shard sizes matter in synchronous data-parallel training: with unequal shards one rank
 runs out of batches first and the others block in an allreduce it never joins. The
 remainder (``n % size`` rows) is therefore dropped; it is never more than ``size - 1`` rows.
@@ -14,6 +18,10 @@ from typing import Any
 import numpy as np
 
 from mlflow_hvd.errors import ConfigurationError
+from mlflow_hvd.rank.shard import Shard
+
+__all__ = ["Shard", "parquet_row_count", "read_parquet_shard", "shard_arrays", "shard_bounds",
+           "shard_indices"]
 
 
 def shard_bounds(n: int, rank: int, size: int) -> tuple[int, int]:

@@ -62,6 +62,17 @@ class BackendError(MlflowHvdError):
     """The launch backend (e.g. the Spark job) failed outside of the user's code."""
 
 
+class DataInputError(ConfigurationError):
+    """A DataFrame passed to ``run`` cannot be fed to the ranks as it is (a column type or
+    null values, rows per rank, another session); the message names the argument, the
+    column or the counts, and what to do."""
+
+
+class FeedError(BackendError):
+    """Writing a DataFrame's partitions to the ranks' hosts failed (e.g. a full disk); the
+    message names the host's directory and the bytes."""
+
+
 class JobNotStartedError(BackendError):
     """Warm ranks died after taking a job but before starting it (e.g. killed while idle):
     the job never ran. ``HorovodRunner`` runs it again on new ranks."""

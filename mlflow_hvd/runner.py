@@ -21,6 +21,7 @@ from mlflow_hvd.backends.spark.boot import SessionBoot
 from mlflow_hvd.common import compat
 from mlflow_hvd.common.horovod_env import HorovodOptions
 from mlflow_hvd.common.options import check_np
+from mlflow_hvd.driver.feed import Feed, split_frames
 from mlflow_hvd.driver.job import Job, new_job_id, resolve_host
 from mlflow_hvd.driver.options import runner_options
 from mlflow_hvd.driver.payload import dumps_code, dumps_payload
@@ -201,13 +202,14 @@ class HorovodRunner:
         """:meth:`run` with per-run ``hooks`` (the sweep's epoch judge and log prefix)."""
         check_call(main, kwargs)
         compat.check_driver(self.num_processor)
+        kwargs, feed = split_frames(kwargs, self._spark)  # DataFrames: each rank's shard
         code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
         self._boot.new_run()  # the master is resolved once per run
         self.prepare()  # a new SparkSession boots while MLflow's run is being set up
         settings = dataclasses.replace(self._options.settings, log_prefix=hooks.log_prefix)
         with sigterm_interrupts():
             if not self._options.track:
-                return self._attempts(main, code, None, settings, hooks)
+                return self._attempts(main, code, None, settings, hooks, feed)
             from mlflow_hvd.driver.tracking.run import driver_run
 
             with driver_run(
@@ -218,10 +220,10 @@ class HorovodRunner:
                 self._options.undelivered_dir,
             ) as target:
                 self.last_run_id = target.run_id
-                return self._attempts(main, code, target, settings, hooks)
+                return self._attempts(main, code, target, settings, hooks, feed)
 
     def _attempts(self, main: Callable[..., Any], code: Code, target: TrackingTarget | None,
-                  settings: DriverSettings, hooks: RunHooks) -> Any:
+                  settings: DriverSettings, hooks: RunHooks, feed: Feed | None) -> Any:
         """Run the job; what follows a failure is :class:`RetryPolicy`'s decision: run it
         again (it never started), restart it as a new attempt in the same MLflow run (up to
         ``max_failures`` times), or raise."""
@@ -237,7 +239,7 @@ class HorovodRunner:
                 if record is not None:
                     attempts.started(record, attempt, timeout, self._undelivered_root())
             try:
-                job = self._job(main, code, target, attempt, settings, hooks)
+                job = self._job(main, code, target, attempt, settings, hooks, feed)
                 return cloudpickle.loads(self._pool.run(job, sys.stdout))
             except (WorkerFailedError, BackendError) as exc:
                 decision = policy.decide(exc, attempt, reruns)
@@ -261,8 +263,9 @@ class HorovodRunner:
                 attempt, reruns = attempt + 1, 0
 
     def _job(self, main: Callable[..., Any], code: Code, target: TrackingTarget | None,
-             attempt: int, settings: DriverSettings, hooks: RunHooks) -> Job:
-        """One attempt's job: its payload, settings and who answers rank 0."""
+             attempt: int, settings: DriverSettings, hooks: RunHooks,
+             feed: Feed | None) -> Job:
+        """One attempt's job: its payload, settings, data and who answers rank 0."""
         job_id = self.last_job_id = new_job_id()
         writes = None  # rank 0's metrics, params and tags: the driver writes them
         if target is not None:
@@ -283,7 +286,7 @@ class HorovodRunner:
             f" attempt {attempt}" if attempt else "")
         return Job(payload=dumps_payload(code, target, attempt), settings=settings,
                    description=description, job_id=job_id, on_tracking_write=writes,
-                   on_undelivered=self._save_undelivered)
+                   on_undelivered=self._save_undelivered, feed=feed)
 
     def __enter__(self) -> HorovodRunner:
         """Keep the ranks warm between ``run`` calls until the ``with`` block ends.
@@ -361,14 +364,20 @@ class HorovodRunner:
             return self._spark
         return self._boot.session(self._options.settings.start_timeout)
 
-    def _backend(self) -> tuple[Backend, str]:
+    def _backend(self, feed: Feed | None) -> tuple[Backend, str]:
+        """A backend for a new generation of ranks, fed ``feed``'s DataFrames if any."""
+        np = abs(self.num_processor)
         if self.num_processor < 0:
-            return LocalBackend(), "127.0.0.1"
+            frame = feed.fed_frame(np) if feed is not None else None
+            return LocalBackend(frame=frame), "127.0.0.1"
         from mlflow_hvd.backends.spark import SparkBackend
 
         spark = self._session()
+        if feed is not None:
+            feed.check_session(spark)
+        frame = feed.fed_frame(np) if feed is not None else None
         host = spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
-        return SparkBackend(spark, self._options.slot_timeout), resolve_host(host)
+        return SparkBackend(spark, self._options.slot_timeout, frame), resolve_host(host)
 
 
 

@@ -782,3 +782,67 @@ def curve_trial(lr: float, epochs: int = 6, report: bool = True, obey: bool = Tr
     counts = hvd.allgather_object(start + trained)
     tracking.set_tag("epochs_by_rank", ",".join(map(str, counts)))
     return start + trained
+
+
+def shard_census(data: Any, val: Any = None, batch_size: int = 100) -> list[dict[str, Any]]:
+    """Every rank's view of its shard(s) of a DataFrame, gathered at rank 0."""
+    import socket
+
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    ids = [int(i) for b in data.batches(1, shuffle=False) for i in b["id"]]
+    mine: dict[str, Any] = {
+        "rank": hvd.rank(), "host": socket.gethostname(), "rows": data.rows,
+        "steps": data.steps(batch_size), "ids": ids, "dropped": data.dropped,
+        "total": data.total_rows, "columns": data.columns,
+        "x_shape": next(data.batches(4))["x"].shape,
+    }
+    if val is not None:
+        first = next(val.batches(2, shuffle=False))
+        mine.update(val_rows=val.rows, val_columns=val.columns,
+                    val_first=[first[c][0] for c in val.columns])
+    return hvd.allgather_object(mine)
+
+
+def keras_fit_on_shard(data: Any, epochs: int = 2, batch_size: int = 64) -> dict[str, Any]:
+    """The eight steps on a DataFrame shard: Keras fit without steps_per_epoch."""
+    import horovod.tensorflow as hvd
+    import keras
+
+    from mlflow_hvd import keras as hvd_keras
+
+    hvd.init()
+    ds = data.tf_dataset(batch_size, label="label", features=["x"], seed=1)
+    optimizer = hvd_keras.DistributedOptimizer(
+        keras.optimizers.SGD(hvd_keras.scale_learning_rate(0.01)))
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    history = model.fit(ds, epochs=epochs, verbose=0,
+                        callbacks=[hvd_keras.BroadcastGlobalVariablesCallback(0)])
+    steps = hvd.allgather_object(data.steps(batch_size))
+    return {"losses": history.history["loss"], "steps": steps,
+            "epochs_read": data.next_epoch}
+
+
+def torch_loop_on_shard(data: Any, epochs: int = 2, batch_size: int = 50) -> dict[str, Any]:
+    """A horovod.torch loop over a DataFrame shard's DataLoader."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    loader = data.torch_loader(batch_size, label="label", features=["x"])
+    batches = 0
+    for _ in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y.float())
+            loss.backward()
+            optimizer.step()
+            batches += 1
+    return {"batches": hvd.allgather_object(batches), "len": len(loader)}

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from mlflow_hvd.agent import run_worker, staged_payload, worker_launch
+from mlflow_hvd.agent.task_feed import fed_shards
 from mlflow_hvd.common import logs
 from mlflow_hvd.common.layout import Devices, assign_slots, visible_devices
 from mlflow_hvd.errors import ConfigurationError
@@ -81,9 +82,6 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[Any]], Iterator[Any]]:
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
-        for _ in batches:  # a job without data: the one row of spark.range(np)'s partition
-            pass
-
         if job.log_level:  # the driver's lifecycle log level: into the executor's stderr
             logs.enable(job.log_level)
         ctx = BarrierTaskContext.get()
@@ -91,16 +89,11 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[Any]], Iterator[Any]]:
         # every task's executor address, known to each task without a round trip (an
         # allGather costs about a second: it polls every second)
         slots = assign_slots([info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()])
-        devices = _devices(ctx, job.gpu_resource, slots, partition)
         client = ChannelClient(job.driver_host, job.channel_port, job.secret, job.channel_timeout)
         try:
-            answer = client.request(LayoutReport(partition, slots), job.channel_timeout)
-            if isinstance(answer, Launch):
-                code = _run_rank(job, client, slots, partition, devices)
-            else:  # the job failed before this task reported
-                log.info("job %s: task %d starts no worker: the job is being stopped",
-                         job.job_id, partition)
-                code = EXIT_NOT_LAUNCHED
+            with fed_shards(job.feed, ctx, batches, client.send) as shards:
+                code = EXIT_NOT_LAUNCHED if shards is None else _report_and_run(
+                    job, ctx, client, slots, partition, shards)
         finally:
             client.close()
         yield pa.RecordBatch.from_pydict({"exit_code": pa.array([code], pa.int32())})
@@ -108,8 +101,21 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[Any]], Iterator[Any]]:
     return run_task
 
 
+def _report_and_run(job: JobSpec, ctx: Any, client: ChannelClient,
+                    slots: Sequence[RankSlot], partition: int, shards: str) -> int:
+    """Report this task's layout; start its rank once the driver says so."""
+    devices = _devices(ctx, job.gpu_resource, slots, partition)
+    answer = client.request(LayoutReport(partition, tuple(slots)), job.channel_timeout)
+    if isinstance(answer, Launch):
+        return _run_rank(job, client, slots, partition, devices, shards)
+    # the job failed before this task reported
+    log.info("job %s: task %d starts no worker: the job is being stopped", job.job_id,
+             partition)
+    return EXIT_NOT_LAUNCHED
+
+
 def _run_rank(job: JobSpec, client: ChannelClient, slots: Sequence[RankSlot], partition: int,
-              devices: Devices | None) -> int:
+              devices: Devices | None, shards: str) -> int:
     """Start the worker of this task's rank, stream it to the driver, return its exit code."""
     iface = job.gloo_iface or iface_towards(job.driver_host)
     with staged_payload(job.payload, kind="task") as payload_path:
@@ -122,6 +128,7 @@ def _run_rank(job: JobSpec, client: ChannelClient, slots: Sequence[RankSlot], pa
             cwd=None,
             host_name=socket.gethostname(),
             devices=devices,
+            shards=shards,
         )
         # the worker holds a copy of this task's connection: the driver sees it
         # close only once the task and its worker are both gone

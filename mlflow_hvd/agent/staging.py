@@ -43,6 +43,7 @@ def worker_launch(
     python: str | None = None,
     host_name: str | None = None,
     devices: Devices | None = None,
+    shards: str = "",
 ) -> WorkerLaunch:
     """How to start the worker of ``slot.rank``: command, environment and bootstrap.
 
@@ -50,7 +51,8 @@ def worker_launch(
     horovod's rendezvous server); ``iface`` the network interface Gloo uses; ``host_name``
     the name this host goes by in messages (default: the slot's host, e.g. an address);
     ``devices`` the GPUs the rank sees and its task's own (None: ``CUDA_VISIBLE_DEVICES``
-    left as it is).
+    left as it is); ``shards`` the path of the rank's manifest of DataFrame shards ("":
+    the job has no DataFrame arguments).
     """
     host = host_name or slot.hostname
     env = worker_env(os.environ, rank_env(slot, driver_host, job.rendezvous_port, iface),
@@ -76,6 +78,7 @@ def worker_launch(
             channel_timeout=job.channel_timeout,
             pooled=job.pooled,
             idle_timeout=job.idle_timeout,
+            shards=shards,
         ),
         cwd=cwd,
         max_line_bytes=job.max_line_bytes,

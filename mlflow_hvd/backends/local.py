@@ -6,8 +6,10 @@ import contextlib
 import os
 import threading
 import time
+from typing import Any
 
 from mlflow_hvd.agent import WorkerLaunch, run_worker, staged_payload, worker_launch
+from mlflow_hvd.backends.local_feed import feed_locally
 from mlflow_hvd.common.layout import assign_slots
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import LayoutReport, Sink
@@ -24,13 +26,17 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(self, python: str | None = None, frame: Any = None) -> None:
         self._python = python
+        self._frame = frame  # the job's DataFrames in |np| partitions (None: no data)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._staging = contextlib.ExitStack()
 
     def start(self, job: JobSpec, sink: Sink) -> None:
+        shards = [""] * job.np
+        if job.feed is not None and self._frame is not None:
+            shards = feed_locally(job.feed, self._frame, job.np, self._staging)
         slots = assign_slots([LOCAL_HOST] * job.np)
         sink(LayoutReport(partition=0, slots=slots))
         payload_path = self._staging.enter_context(staged_payload(job.payload))
@@ -43,6 +49,7 @@ class LocalBackend:
                 iface=job.gloo_iface or "lo",
                 cwd=os.getcwd(),
                 python=self._python,
+                shards=shards[slot.rank],
             )
             t = threading.Thread(
                 target=self._run_rank,

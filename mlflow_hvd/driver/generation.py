@@ -76,6 +76,7 @@ def job_spec(job: Job, np: int, secret: bytes, driver_host: str, channel_port: i
         idle_timeout=settings.idle_timeout,
         horovod_env=settings.horovod_env,
         gpu_resource=settings.gpu_resource,
+        feed=job.feed.spec if job.feed is not None else None,
     )
 
 
@@ -132,6 +133,7 @@ class Generation:
             raise
         self.channel = channel
         self._idle_timeout = DriverSettings.idle_timeout  # what the ranks were started with
+        self.feed_key: tuple[tuple[str, int], ...] = ()  # the DataFrames its ranks were fed
 
     # --- the current job's handlers ------------------------------------------------------
     def _tracking(self, request: TrackingWrite | EpochReport) -> object:
@@ -159,6 +161,7 @@ class Generation:
         spec = job_spec(job, self.np, self.secret, self.driver_host, self.port,
                         self.rendezvous.port, self.warm)
         self._idle_timeout = spec.idle_timeout
+        self.feed_key = job.feed_key
         self.backend.start(spec, self._route)  # what the backend itself reports, routed
 
     def hand_out(self, job: Job, deadline: Deadline) -> None:

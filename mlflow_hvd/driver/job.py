@@ -8,9 +8,13 @@ from __future__ import annotations
 import socket
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mlflow_hvd.driver.routing import TrackingWriter, UndeliveredHandler
 from mlflow_hvd.driver.supervisor import DriverSettings
+
+if TYPE_CHECKING:
+    from mlflow_hvd.driver.feed import Feed
 
 
 def new_job_id() -> str:
@@ -32,6 +36,8 @@ class Job:
         on_tracking_write: Answers rank 0's tracking writes and epoch reports
             (:mod:`mlflow_hvd.driver.tracking.relay`); None for a job that does not track.
         on_undelivered: Keeps the tracking records rank 0 could not deliver.
+        feed: The job's DataFrame arguments (:mod:`mlflow_hvd.driver.feed`), fed to a
+            generation's ranks when it starts; None: the job has none.
     """
 
     payload: bytes = field(repr=False)
@@ -40,6 +46,12 @@ class Job:
     job_id: str = field(default_factory=new_job_id)
     on_tracking_write: TrackingWriter | None = None
     on_undelivered: UndeliveredHandler | None = None
+    feed: Feed | None = None
+
+    @property
+    def feed_key(self) -> tuple[tuple[str, int], ...]:
+        """Which DataFrames the job's ranks must have been fed (empty: none)."""
+        return self.feed.key if self.feed is not None else ()
 
 
 def resolve_host(host: str) -> str:

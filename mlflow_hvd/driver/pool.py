@@ -21,6 +21,7 @@ from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.common.deadline import Deadline
+from mlflow_hvd.driver.feed import Feed
 from mlflow_hvd.driver.generation import Generation
 from mlflow_hvd.driver.job import Job
 from mlflow_hvd.driver.supervisor import JobRecord, supervise
@@ -28,8 +29,9 @@ from mlflow_hvd.errors import BackendError, JobNotStartedError, WorkerFailedErro
 
 log = logging.getLogger(__name__)
 
-MakeBackend = Callable[[], tuple[Backend, str]]
-"""Returns a new backend and the address workers reach the driver at."""
+MakeBackend = Callable[[Feed | None], tuple[Backend, str]]
+"""Returns a new backend that feeds its ranks the given DataFrames (if any), and the
+address workers reach the driver at."""
 
 
 def died_before_starting(record: JobRecord) -> bool:
@@ -100,6 +102,11 @@ class RankPool:
         live = self._live
         if live is None:
             return False
+        if live.feed_key != job.feed_key:  # its ranks hold other data: a new generation
+            log.info("job %s: generation %d was fed other DataFrames; starting new ranks",
+                     job.job_id, live.number)
+            self._close_live(stop_now=False)
+            return False
         try:
             live.hand_out(job, Deadline.after(job.settings.start_timeout))
             return True
@@ -110,7 +117,7 @@ class RankPool:
             return False
 
     def _start_generation(self, job: Job) -> None:
-        backend, driver_host = self._make_backend()
+        backend, driver_host = self._make_backend(job.feed)
         self.generations += 1
         self._live = Generation(self.np, backend, driver_host, self.warm, self.generations)
         self._live.launch(job)
@@ -137,7 +144,7 @@ def run_job(np: int, backend: Backend, job: Job, driver_host: str = "127.0.0.1",
         RunTimeoutError: The job exceeded ``settings.timeout``.
         BackendError: The backend failed outside the user's code.
     """
-    pool = RankPool(np, lambda: (backend, driver_host), warm=False)
+    pool = RankPool(np, lambda _feed: (backend, driver_host), warm=False)
     try:
         return pool.run(job, out or sys.stdout)
     finally:

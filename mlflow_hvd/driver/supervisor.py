@@ -22,6 +22,8 @@ from mlflow_hvd.driver.rendezvous import LayoutMismatch
 from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import (
     BackendError,
+    DataInputError,
+    FeedError,
     MlflowHvdError,
     RankFailure,
     RunTimeoutError,
@@ -31,6 +33,8 @@ from mlflow_hvd.errors import (
 from mlflow_hvd.protocol.credentials import Credentials
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
+    FeedFailed,
+    FeedProgress,
     OutputLines,
     RankDisconnected,
     Stream,
@@ -122,6 +126,8 @@ class JobRecord:
     backend_finished: BackendFinished | None = None
     backend_finished_at: float | None = None
     fault: str = ""  # a failure of the job's machinery (e.g. a layout mismatch)
+    fed_at: float = 0.0  # the latest progress of a task feeding the job's DataFrames
+    feed_error: MlflowHvdError | None = None  # why the job's DataFrames cannot be fed
     tasks: TaskGate = field(default_factory=TaskGate)  # Spark tasks that may host a worker
     tails: dict[int, collections.deque[str]] = field(
         default_factory=lambda: collections.defaultdict(
@@ -306,10 +312,15 @@ def _check_running(
     """The deadlines and faults of a job with no rank failure yet: the error that ends the
     job (its ranks already told to stop), or None."""
     np = job.np
-    if len(job.started) < np and elapsed > settings.start_timeout:
+    if job.feed_error is not None:
+        return job.abort(backend, job.feed_error)
+    # while tasks feed the job's data, the start deadline counts from their latest progress
+    waited = min(elapsed, now - job.fed_at)
+    if len(job.started) < np and waited > settings.start_timeout:
         missing = sorted(set(range(np)) - set(job.started))
         return job.abort(backend, StartTimeoutError(
             f"{len(job.started)} of {np} ranks started within {settings.start_timeout:g}s "
+            f"{'of the last progress feeding the data ' if job.fed_at else ''}"
             f"(missing ranks: {', '.join(map(str, missing))}). Raise "
             "HorovodRunner(start_timeout=...) if workers are slow to start, or check that the "
             "cluster has free slots"
@@ -386,3 +397,12 @@ def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextI
         job.disconnected.add(message.rank)
     elif isinstance(message, LayoutMismatch):
         job.fault = job.fault or message.detail
+    elif isinstance(message, FeedProgress):
+        job.fed_at = time.monotonic()
+        if message.done:
+            log.info("job %s: task %d wrote its %d rows (%.1f MiB in Arrow) in %.1fs",
+                     job.job_id, message.partition, message.rows, message.bytes / 2**20,
+                     job.fed_at - job.t0)
+    elif isinstance(message, FeedFailed) and job.feed_error is None:
+        kind = FeedError if message.error_type == FeedError.__name__ else DataInputError
+        job.feed_error = kind(message.error)

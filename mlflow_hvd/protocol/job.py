@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mlflow_hvd.protocol.feed import FeedSpec
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -30,6 +32,8 @@ class JobSpec:
             retires it, in seconds.
         horovod_env: Horovod's tuning variables every rank gets (from ``HorovodOptions``
             and the driver's environment).
+        feed: The DataFrame arguments each task writes from its partition before its
+            rank starts (None: the job has none).
     """
 
     np: int
@@ -50,3 +54,4 @@ class JobSpec:
     # HOROVOD_* tuning variables for every rank (mlflow_hvd.common.horovod_env.job_env)
     horovod_env: tuple[tuple[str, str], ...] = ()
     gpu_resource: str = "gpu"  # the Spark resource whose addresses become CUDA_VISIBLE_DEVICES
+    feed: FeedSpec | None = None

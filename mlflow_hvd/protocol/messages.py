@@ -35,6 +35,7 @@ class Bootstrap:
     channel_timeout: float
     pooled: bool = False  # after a job, ask the driver for the next one (a warm pool)
     idle_timeout: float = 3600.0  # seconds a pooled rank waits for the next job
+    shards: str = ""  # the rank's manifest of DataFrame shards (protocol/feed.py), if any
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -329,6 +330,28 @@ class BackendFinished:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class FeedProgress:
+    """Spark task -> driver while it writes its partition of the job's DataFrames (at the
+    start, every few seconds, and once ``done``): the start deadline counts from the
+    latest, so a big or skewed partition is not a start timeout while it progresses."""
+
+    partition: int
+    rows: int
+    bytes: int
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class FeedFailed:
+    """Spark task 0 -> driver: the job's DataFrames cannot be fed (the same verdict on every
+    task after their exchange); no rank starts. ``error_type`` is ``DataInputError`` (the
+    data: the driver raises it as is) or ``FeedError`` (the host: a full disk)."""
+
+    error: str
+    error_type: str
+
+
 Message = (
     LayoutReport
     | WorkerStarted
@@ -337,6 +360,8 @@ Message = (
     | WorkerError
     | WorkerExited
     | BackendFinished
+    | FeedProgress
+    | FeedFailed
 )
 
 Sink = Callable[[Message], None]

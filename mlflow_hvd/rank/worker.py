@@ -44,7 +44,7 @@ from mlflow_hvd.protocol.messages import (
     WorkerResult,
     WorkerStarted,
 )
-from mlflow_hvd.rank import context, credentials, keras_guard
+from mlflow_hvd.rank import context, credentials, keras_guard, shard
 from mlflow_hvd.rank.tracking import api as tracking_api
 from mlflow_hvd.rank.tracking import fluent
 
@@ -109,6 +109,7 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes,
         main_fn, kwargs = cloudpickle.loads(payload.code.pickled)
         context.install(client, rank, payload.attempt)
         code_sources.restore([main_fn, kwargs], payload.code.code_files, payload.code.code_texts)
+        kwargs = shard.resolve(kwargs, boot.shards)  # each DataFrame: this rank's shard
         if rank == 0 and payload.tracking is not None:  # the driver's MLflow client settings
             sealed = credentials.fetch(client, rank)
             if sealed is not None:
@@ -118,6 +119,8 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes,
         local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
         tracking_api.configure(payload.tracking, rank, local_rank, host)
         fluent.install(payload.tracking, rank)  # MLflow's own API into the job's run
+        if rank == 0:
+            _announce_shards(kwargs)
         try:
             value = main_fn(**kwargs)
         except SystemExit as exc:
@@ -166,6 +169,28 @@ def _end_pooled_job() -> None:
     mark = (JOB_END_MARK + "\n").encode()
     os.write(1, mark)
     os.write(2, mark)
+
+
+DROP_WARNING = 0.01  # rows left out for equal shards past which rank 0 warns the driver
+
+
+def _announce_shards(kwargs: dict[str, object]) -> None:
+    """Rank 0: record each DataFrame argument's split in the run (tags), and warn the driver
+    when more than 1% of its rows were left out to make the shards equal."""
+    for value in kwargs.values():
+        if not isinstance(value, shard.Shard):
+            continue
+        prefix = f"mlflow_hvd.data.{value.argument}"
+        tracking_api.set_tags({f"{prefix}.rows_per_rank": value.rows,
+                               f"{prefix}.total_rows": value.total_rows,
+                               f"{prefix}.dropped_rows": value.dropped})
+        if value.dropped > DROP_WARNING * value.total_rows:
+            context.log_to_driver(
+                f"mlflow_hvd: warning: {value.dropped} of the {value.total_rows} rows of "
+                f"{value.argument}= ({100 * value.dropped / value.total_rows:.1f}%) are left "
+                f"out so that every rank has {value.rows}: Spark's round-robin split gives "
+                "ranks counts that differ by up to the DataFrame's number of partitions; "
+                "coalesce it to fewer partitions, pass more rows or lower np")
 
 
 def _log_horovod_files() -> None:

@@ -19,7 +19,10 @@ from mlflow_hvd.protocol.messages import BackendFinished, Sink
 class SparkBackend:
     """Submits ``frame.mapInArrow(task, barrier=True)`` under a job group, over a DataFrame
     of exactly ``np`` partitions: ``spark.range(np)`` for a job without data (one row per
-    task). The DataFrame API's barrier stage is the one Spark Connect sessions have too.
+    task), else the job's DataFrames projected into one (``frame``, from
+    :mod:`mlflow_hvd.driver.feed`), whose partitions the tasks write locally for their
+    ranks (as ``JobSpec.feed`` says). The DataFrame API's barrier
+    stage is the one Spark Connect sessions have too.
 
     ``stop`` cancels the job group; Spark then kills the tasks' Python workers, whose own
     worker processes die with them (parent-death signal).
@@ -27,8 +30,9 @@ class SparkBackend:
 
     name = "spark"
 
-    def __init__(self, spark: Any, slot_timeout: float = 30.0) -> None:
+    def __init__(self, spark: Any, slot_timeout: float = 30.0, frame: Any = None) -> None:
         self._spark = spark
+        self._frame = frame  # the job's data, in exactly np partitions (None: no data)
         self._sc = spark.sparkContext
         self._slot_timeout = slot_timeout
         self._thread: threading.Thread | None = None
@@ -51,7 +55,8 @@ class SparkBackend:
         try:
             # Job group properties are thread-local: set them in the submitting thread.
             self._sc.setJobGroup(job.job_id, job.description, interruptOnCancel=True)
-            frame = self._spark.range(0, job.np, 1, job.np)
+            frame = (self._frame if self._frame is not None
+                     else self._spark.range(0, job.np, 1, job.np))
             frame.mapInArrow(barrier_task(job), RESULT_SCHEMA, barrier=True).collect()
         except Exception as exc:
             sink(BackendFinished(error=summarize_spark_error(exc)))

@@ -1,0 +1,142 @@
+"""Training data from Spark DataFrames, as it crosses process boundaries: what the driver
+asks each barrier task to write (:class:`FeedSpec`), the placeholder a DataFrame argument
+becomes in the pickled kwargs (:class:`ShardArg`), what a task wrote (:class:`Written`) and
+what a rank is given to read (:class:`ShardFile`, in the manifest file its agent writes).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass
+
+TAG_COLUMN = "__mlflow_hvd_argument"  # which argument a row of a fed DataFrame belongs to
+MANIFEST_FILE = "shards.json"
+
+
+class ColumnKind(enum.Enum):
+    """How a column reaches a rank: a numeric scalar per row, a fixed-length numeric
+    array per row (Spark arrays and ML vectors), or bytes / text per row."""
+
+    SCALAR = "scalar"
+    ARRAY = "array"
+    BINARY = "binary"
+    STRING = "string"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a fed DataFrame.
+
+    Attributes:
+        name: The column's name in the user's DataFrame (and in the rank's batches).
+        kind: How it is encoded.
+        dtype: numpy dtype of a scalar or of an array's elements ("" for bytes / text).
+        field: The column's name in the fed (tagged, unioned) DataFrame.
+    """
+
+    name: str
+    kind: ColumnKind
+    dtype: str
+    field: str
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """One DataFrame argument of a job: its keyword, its tag value and its columns."""
+
+    argument: str
+    tag: int
+    columns: tuple[Column, ...]
+
+
+@dataclass(frozen=True)
+class FeedSpec:
+    """What every barrier task writes from its partition of the fed DataFrame.
+
+    Attributes:
+        frames: One entry per DataFrame argument, in keyword order.
+        compression: Arrow IPC body compression ("lz4", "zstd") or None (a rank then
+            memory-maps its file without copying).
+    """
+
+    frames: tuple[FrameSpec, ...]
+    compression: str | None = None
+
+    @property
+    def tagged(self) -> bool:
+        """Several arguments share the stage: rows carry :data:`TAG_COLUMN`."""
+        return len(self.frames) > 1
+
+
+@dataclass(frozen=True)
+class ShardArg:
+    """What a DataFrame keyword argument is in the pickled kwargs; each rank replaces it
+    with its :class:`~mlflow_hvd.data.Shard` of that argument."""
+
+    argument: str
+
+
+@dataclass(frozen=True)
+class Written:
+    """What one task wrote of one argument (exchanged between the tasks)."""
+
+    argument: str
+    rows: int
+    widths: tuple[tuple[str, int], ...]  # array column -> elements per row (0: no rows)
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One rank's shard of one argument, as the rank reads it.
+
+    Attributes:
+        argument: The keyword argument.
+        path: The Arrow IPC file on the rank's host.
+        rows: Rows the rank uses: the first ``rows`` of the file (the minimum over ranks).
+        written: Rows in the file.
+        partition_rows: Rows every task wrote, in partition (task) order.
+        columns: The argument's columns.
+        widths: Elements per row of each array column.
+    """
+
+    argument: str
+    path: str
+    rows: int
+    written: int
+    partition_rows: tuple[int, ...]
+    columns: tuple[Column, ...]
+    widths: tuple[tuple[str, int], ...]
+
+    @property
+    def total(self) -> int:
+        """Rows of the argument's DataFrame, over all ranks."""
+        return sum(self.partition_rows)
+
+    @property
+    def dropped(self) -> int:
+        """Rows left out over all ranks so that every rank has exactly ``rows``."""
+        return self.total - self.rows * len(self.partition_rows)
+
+
+def dump_manifest(shards: list[ShardFile]) -> str:
+    """The JSON text of a rank's manifest."""
+    return json.dumps([asdict(s) for s in shards], default=lambda kind: kind.value)
+
+
+def load_manifest(text: str) -> list[ShardFile]:
+    """The shards of a manifest written by :func:`dump_manifest`."""
+    shards = []
+    for item in json.loads(text):
+        columns = tuple(
+            Column(c["name"], ColumnKind(c["kind"]), c["dtype"], c["field"])
+            for c in item.pop("columns")
+        )
+        shards.append(ShardFile(
+            columns=columns,
+            partition_rows=tuple(item.pop("partition_rows")),
+            widths=tuple((str(n), int(w)) for n, w in item.pop("widths")),
+            **item,
+        ))
+    return shards

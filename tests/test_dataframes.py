@@ -1,0 +1,129 @@
+"""Integration: Spark DataFrames passed to run() reach real ranks as their own shards, on
+local-cluster[2,1,1024] (two executor JVMs, each with its own local directory). The data is
+built in memory (spark.range + rand): no file exists that a rank could read behind the
+feed's back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import workers
+
+from mlflow_hvd import HorovodRunner
+from mlflow_hvd.errors import DataInputError, WorkerFailedError
+
+pytestmark = pytest.mark.spark
+
+
+def frame(spark: Any, rows: int, partitions: int, width: int = 4) -> Any:
+    from pyspark.sql import functions as F
+
+    return spark.range(0, rows, 1, partitions).select(
+        "id",
+        F.array(*[F.rand(seed=i).cast("float") for i in range(width)]).alias("x"),
+        (F.col("id") % 2).cast("int").alias("label"),
+    )
+
+
+@pytest.mark.old_end
+def test_shards_are_disjoint_equal_and_all_rows_but_the_reported_drop(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    data = frame(spark, 10_003, 7)
+    # a validation set of another schema in the same stage
+    val = spark.range(0, 1_001, 1, 3).select(F.col("id").alias("vid"),
+                                            F.concat(F.lit("t"), "id").alias("text"))
+    ranks = HorovodRunner(np=2, spark=spark, track=False).run(
+        workers.shard_census, data=data, val=val, batch_size=100)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    rows = ranks[0]["rows"]
+    assert all(r["rows"] == rows and len(r["ids"]) == rows for r in ranks)
+    assert {r["steps"] for r in ranks} == {rows // 100}
+    first, second = (set(r["ids"]) for r in ranks)
+    assert not first & second  # disjoint
+    assert first | second <= set(range(10_003))
+    assert 10_003 - len(first | second) == ranks[0]["dropped"] == 10_003 - 2 * rows
+    assert ranks[0]["dropped"] <= 7  # round robin: counts differ by at most the partitions
+    assert ranks[0]["columns"] == ["id", "x", "label"] and ranks[0]["x_shape"] == (4, 4)
+    assert {r["val_rows"] for r in ranks} == {500}
+    assert ranks[0]["val_columns"] == ["vid", "text"]
+    vid, text = ranks[0]["val_first"]
+    assert text == f"t{vid}"
+
+
+def test_skewed_partitions_give_every_rank_the_same_steps(spark: Any) -> None:
+    # one partition of 3000 rows, four of 10: the feed's repartition evens them out
+    big = frame(spark, 3_000, 1)
+    small = frame(spark, 40, 4).selectExpr("id + 100000 as id", "x", "label")
+    ranks = HorovodRunner(np=2, spark=spark, track=False).run(
+        workers.shard_census, data=big.union(small), batch_size=64)
+    assert {r["steps"] for r in ranks} == {ranks[0]["rows"] // 64}
+    assert ranks[0]["rows"] >= (3_040 - 5) // 2
+
+
+def test_keras_fit_and_a_torch_loop_train_on_dataframe_shards(spark: Any) -> None:
+    data = frame(spark, 2_000, 3)
+    with HorovodRunner(np=2, spark=spark, track=False) as runner:
+        fitted = runner.run(workers.keras_fit_on_shard, data=data, epochs=2, batch_size=64)
+        looped = runner.run(workers.torch_loop_on_shard, data=data, epochs=2, batch_size=50)
+        generations = runner._pool.generations
+    assert len(fitted["losses"]) == 2 and len(set(fitted["steps"])) == 1
+    assert fitted["epochs_read"] == 2  # fit read one pass per epoch
+    assert looped["batches"] == [2 * looped["len"]] * 2
+    assert generations == 1  # the same DataFrame: fed once, to the same warm ranks
+
+
+def test_a_column_type_that_cannot_be_fed_is_refused_before_any_spark_job(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    data = spark.range(10).select("id", F.current_timestamp().alias("when"))
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = tracker.getJobIdsForGroup(None)
+    with pytest.raises(DataInputError, match=r"column 'when' of the DataFrame passed as "
+                                             r"data= has type timestamp, which cannot be fed"):
+        HorovodRunner(np=2, spark=spark, track=False).run(workers.echo, data=data)
+    assert tracker.getJobIdsForGroup(None) == jobs_before
+
+
+def test_nulls_and_empty_frames_fail_before_the_training_function(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    with_nulls = spark.range(0, 100, 1, 2).select(
+        "id", F.when(F.col("id") == 57, None).otherwise(F.col("id") * 1.0).alias("y"))
+    runner = HorovodRunner(np=2, spark=spark, track=False)
+    with pytest.raises(DataInputError, match=r"column 'y' of the DataFrame passed as "
+                                             r"data= has null values"):
+        runner.run(workers.echo, data=with_nulls)
+    with pytest.raises(DataInputError, match=r"passed as data= has 0 rows, and rank\(s\) 0, 1 "
+                                             r"of 2 got none"):
+        runner.run(workers.echo, data=spark.range(0).selectExpr("id"))
+
+
+def test_a_batch_larger_than_the_shard_fails_every_rank_alike(spark: Any) -> None:
+    with pytest.raises(WorkerFailedError, match=r"batch_size=100 but every rank has 2\d rows "
+                                                r"of data= \(50 rows over 2 ranks\)"):
+        HorovodRunner(np=2, spark=spark, track=False).run(
+            workers.shard_census, data=frame(spark, 50, 2), batch_size=100)
+
+
+def test_a_dataframe_of_another_session_is_refused(spark: Any) -> None:
+    other = spark.newSession().range(10)
+    with pytest.raises(DataInputError, match="belongs to another SparkSession"):
+        HorovodRunner(np=2, spark=spark, track=False).run(workers.echo, data=other)
+
+
+def test_np_below_zero_feeds_the_driver_disk(spark: Any) -> None:
+    ranks = HorovodRunner(np=-2, track=False).run(
+        workers.shard_census, data=frame(spark, 1_001, 3), batch_size=10)
+    assert [r["rows"] for r in ranks] == [500, 500]
+    assert not set(ranks[0]["ids"]) & set(ranks[1]["ids"])
+    assert isinstance(ranks[0]["dropped"], int) and ranks[0]["dropped"] == 1
+
+
+def test_plain_values_next_to_a_dataframe_are_passed_as_they_are(spark: Any) -> None:
+    result = HorovodRunner(np=2, spark=spark, track=False).run(
+        workers.echo, data=frame(spark, 20, 2), lr=0.5)
+    assert result["kwargs"]["lr"] == 0.5
+    shard = result["kwargs"]["data"]
+    assert type(shard).__name__ == "Shard" and shard.rows == 10 and shard.argument == "data"

@@ -1,0 +1,202 @@
+"""A task's partition written to its host and read back by its rank, without Spark:
+agent/feed.py (writing, the tasks' agreement, errors) and rank/shard.py (batches, shuffling,
+tf.data, torch)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from mlflow_hvd.agent.feed import TaskFeed, agree, feed_partition, manifest, write_partition
+from mlflow_hvd.data import Shard
+from mlflow_hvd.errors import ConfigurationError, DataInputError, FeedError
+from mlflow_hvd.protocol.feed import (
+    TAG_COLUMN,
+    Column,
+    ColumnKind,
+    FeedSpec,
+    FrameSpec,
+    ShardArg,
+    load_manifest,
+)
+from mlflow_hvd.rank.shard import resolve
+
+TRAIN = FrameSpec("train", 0, (
+    Column("id", ColumnKind.SCALAR, "int64", "id"),
+    Column("x", ColumnKind.ARRAY, "float32", "x"),
+    Column("label", ColumnKind.SCALAR, "int32", "label"),
+))
+
+
+def batches(start: int, stop: int, per_batch: int, width: int = 3) -> list[pa.RecordBatch]:
+    """Record batches as a Spark task receives them: ids, list<float> arrays, labels."""
+    out = []
+    for lo in range(start, stop, per_batch):
+        ids = np.arange(lo, min(lo + per_batch, stop))
+        x = pa.array([[float(i)] * width for i in ids], pa.list_(pa.float32()))
+        out.append(pa.RecordBatch.from_arrays(
+            [pa.array(ids), x, pa.array(ids % 2, pa.int32())], names=["id", "x", "label"]))
+    return out
+
+
+def fed(tmp_path: Path, sizes: list[int], per_batch: int = 100) -> list[Shard]:
+    """Every rank's shard of ``train``, as np tasks with ``sizes`` rows would leave them."""
+    spec = FeedSpec((TRAIN,))
+    reports, dirs, start = [], [], 0
+    for partition, size in enumerate(sizes):
+        directory = tmp_path / f"task{partition}"
+        directory.mkdir()
+        dirs.append(str(directory))
+        reports.append(feed_partition(spec, partition, batches(start, start + size, per_batch),
+                                      str(directory)))
+        start += size
+    paths = [manifest(spec, dirs[p], reports, p) for p in range(len(sizes))]
+    return [resolve({"train": ShardArg("train")}, path)["train"] for path in paths]
+
+
+def ids(shard: Shard, batch_size: int, **options: object) -> list[int]:
+    return [int(i) for b in shard.batches(batch_size, **options) for i in b["id"]]
+
+
+def test_every_rank_keeps_the_smallest_count_and_the_rest_is_counted_as_dropped(
+        tmp_path: Path) -> None:
+    shards = fed(tmp_path, [1000, 1003, 998])
+    assert [s.rows for s in shards] == [998, 998, 998]
+    assert [s.steps(64) for s in shards] == [15, 15, 15]
+    assert shards[0].dropped == 7 and shards[0].total_rows == 3001
+    seen = [ids(s, 1, shuffle=False) for s in shards]
+    assert all(len(rows) == 998 for rows in seen)
+    assert not set(seen[0]) & set(seen[1]) and not set(seen[1]) & set(seen[2])
+    # the first `rows` of each task's file, in order
+    assert seen[1] == list(range(1000, 1998))
+
+
+def test_a_pass_gives_full_batches_only_the_same_number_on_every_rank(tmp_path: Path) -> None:
+    shard = fed(tmp_path, [1050, 1050])[0]
+    got = list(shard.batches(100))
+    assert len(got) == shard.steps(100) == 10
+    assert {len(b["id"]) for b in got} == {100}
+    assert got[0]["x"].shape == (100, 3) and got[0]["x"].dtype == np.float32
+    assert got[0]["label"].dtype == np.int32
+    # a row's columns stay together through the shuffle
+    for b in got:
+        assert np.array_equal(b["x"][:, 0], b["id"].astype(np.float32))
+        assert np.array_equal(b["label"], (b["id"] % 2).astype(np.int32))
+
+
+def test_shuffling_is_reproducible_from_seed_and_epoch_and_differs_every_epoch(
+        tmp_path: Path) -> None:
+    shard = fed(tmp_path, [3000, 3000], per_batch=250)[0]
+    epoch0 = ids(shard, 50, seed=7, epoch=0, window=500)
+    assert epoch0 == ids(shard, 50, seed=7, epoch=0, window=500)
+    epoch1 = ids(shard, 50, seed=7, epoch=1, window=500)
+    assert epoch0 != epoch1 and sorted(epoch0) == sorted(epoch1) == list(range(3000))
+    assert epoch0 != ids(shard, 50, seed=8, epoch=0, window=500)
+    # rows move between record batches: the first batch of a pass mixes several of them
+    assert len({i // 250 for i in epoch0[:50]}) > 1
+    # passes that do not name their epoch count up from next_epoch
+    shard.next_epoch = 1
+    assert ids(shard, 50, seed=7, window=500) == epoch1 and shard.next_epoch == 2
+
+
+def test_two_arguments_in_one_stage_each_get_their_own_file(tmp_path: Path) -> None:
+    val = FrameSpec("val", 1, (Column("text", ColumnKind.STRING, "", "text"),))
+    tagged_train = FrameSpec("train", 0, (Column("id", ColumnKind.SCALAR, "int64", "id"),))
+    spec = FeedSpec((tagged_train, val))
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([0, 1, 0, 1, 0], pa.int32()), pa.array([1, None, 2, None, 3]),
+         pa.array([None, "a", None, "b", None])], names=[TAG_COLUMN, "id", "text"])
+    written = write_partition(spec, [batch], str(tmp_path))
+    assert [(w.argument, w.rows) for w in written] == [("train", 3), ("val", 2)]
+    reports = [TaskFeed(0, tuple(written))]
+    shards = load_manifest(Path(manifest(spec, str(tmp_path), reports, 0)).read_text())
+    val_shard = Shard(shards[1])
+    assert list(next(val_shard.batches(2, shuffle=False))["text"]) == ["a", "b"]
+
+
+@pytest.mark.parametrize(("array", "expected"), [
+    (pa.array([1.0, None], pa.float32()), "column 'x' .* has null values"),
+    (pa.array([[1.0], [1.0, 2.0]], pa.list_(pa.float32())), "arrays of different lengths"),
+    (pa.array([[1.0], [None]], pa.list_(pa.float32())), "null elements"),
+])
+def test_nulls_and_ragged_arrays_are_refused_naming_the_column(
+        tmp_path: Path, array: pa.Array, expected: str) -> None:
+    kind = ColumnKind.ARRAY if pa.types.is_list(array.type) else ColumnKind.SCALAR
+    spec = FeedSpec((FrameSpec("train", 0, (Column("x", kind, "float32", "x"),)),))
+    batch = pa.RecordBatch.from_arrays([array], names=["x"])
+    with pytest.raises(DataInputError, match=expected):
+        write_partition(spec, [batch], str(tmp_path))
+    report = feed_partition(spec, 3, [batch], str(tmp_path))
+    assert report.error_type == "DataInputError"
+    with pytest.raises(DataInputError, match=r"task 3: .*" + expected):
+        agree(spec, [TaskFeed(0, ()), report])
+
+
+def test_arrays_of_different_lengths_on_different_tasks_are_refused(tmp_path: Path) -> None:
+    spec = FeedSpec((TRAIN,))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    reports = [feed_partition(spec, 0, batches(0, 10, 5, width=3), str(tmp_path / "a")),
+               feed_partition(spec, 1, batches(10, 20, 5, width=4), str(tmp_path / "b"))]
+    with pytest.raises(DataInputError, match="'x' .* arrays of 3 and of 4 elements"):
+        agree(spec, reports)
+
+
+def test_a_rank_without_rows_is_refused_with_the_counts(tmp_path: Path) -> None:
+    with pytest.raises(DataInputError, match=r"has 500 rows, and rank\(s\) 1 of 2 got none "
+                                             r"\(rows per rank: \[500, 0\]\)"):
+        fed(tmp_path, [500, 0])
+
+
+def test_a_batch_larger_than_a_ranks_rows_names_the_counts(tmp_path: Path) -> None:
+    shard = fed(tmp_path, [40, 40])[0]
+    with pytest.raises(ConfigurationError, match=r"batch_size=64 but every rank has 40 rows "
+                                                 r"of train= \(80 rows over 2 ranks\)"):
+        shard.steps(64)
+    with pytest.raises(ConfigurationError, match="has no label column 'y'"):
+        shard.tf_dataset(8, label="y")
+
+
+def test_a_full_disk_names_the_directory_and_the_bytes(tmp_path: Path) -> None:
+    os.symlink("/dev/full", tmp_path / "train.arrow")  # every write: ENOSPC, from the kernel
+    with pytest.raises(FeedError, match=rf"writing this task's rows to {tmp_path} failed: the "
+                                        r"disk is full: .* needed at least [\d,]+ more"):
+        write_partition(FeedSpec((TRAIN,)), batches(0, 100, 50), str(tmp_path))
+
+
+def test_a_keras_ready_dataset_knows_its_cardinality(tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    shard = fed(tmp_path, [520, 520])[0]
+    ds = shard.tf_dataset(64, features=["x"])
+    assert int(ds.cardinality()) == shard.steps(64) == 8
+    x, y = next(iter(ds))
+    assert x.shape == (64, 3) and y.shape == (64,) and y.dtype == tf.int32
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    history = model.fit(ds, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert shard.next_epoch == 3  # one pass above, one per epoch of fit
+
+
+def test_a_torch_dataset_gives_tensor_batches(tmp_path: Path) -> None:
+    import torch
+
+    shard = fed(tmp_path, [300, 300])[0]
+    loader = shard.torch_loader(32, features=["id", "x"])
+    assert len(loader) == 9
+    features, label = next(iter(loader))
+    assert features["x"].shape == (32, 3) and features["x"].dtype == torch.float32
+    assert label.shape == (32,)
+    assert sum(1 for _ in loader) == 9
+
+
+def test_a_job_not_fed_the_argument_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"not fed the DataFrame argument\(s\) "
+                                                 r"\['train'\]"):
+        resolve({"train": ShardArg("train"), "lr": 0.1}, "")
+    assert resolve({"lr": 0.1}, "") == {"lr": 0.1}

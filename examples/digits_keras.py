@@ -48,7 +48,8 @@ def train(
     learning_rate: float = 0.001,
     warmup_epochs: int = 1,
     seed: int = 0,
-    data: str = "digits",
+    data: Any = "digits",
+    val: Any = None,
     fail_at_epoch: int | None = None,
     kill_at_epoch: int | None = None,
     log_model: bool = True,
@@ -57,11 +58,13 @@ def train(
 ) -> dict[str, Any]:
     """Train on this rank's shard; returns held-out metrics (rank 0's reach the driver).
 
-    ``data`` is ``"digits"`` (scikit-learn's bundled set, sharded in memory) or a Parquet
-    data set written by examples/digits_to_parquet.py, of which each rank reads only its own
-    shard. ``run_params`` are logged once as params (kept if the run already has them, as
-    under ``mlflow run``). ``log_every_n_steps`` > 0 also logs per-batch metrics
-    (``step_*``, step = global batch). The validation split is carved out of the training
+    ``data`` is ``"digits"`` (scikit-learn's bundled set, sharded in memory) or a Spark
+    DataFrame of ``pixels`` (64 floats) and ``label`` passed to ``run()``, which arrives here
+    as this rank's :class:`mlflow_hvd.data.Shard` (``val``: a validation DataFrame, likewise;
+    examples/digits_to_parquet.py writes such a data set). ``run_params`` are logged once
+    as params (kept if the run already has them, as under ``mlflow run``).
+    ``log_every_n_steps`` > 0 also logs per-batch metrics (``step_*``, step = global
+    batch). Without ``val``, the validation split is carved out of the bundled training
     data; the test split is only used once, at the end. ``fail_at_epoch`` makes rank 1 (or
     rank 0 when alone) crash at the start of that epoch; ``kill_at_epoch`` makes it SIGKILL
     itself half-way through that epoch, on the job's first attempt only. They exist to
@@ -80,7 +83,7 @@ def train(
     import mlflow_hvd
     from mlflow_hvd import keras as hvd_keras
     from mlflow_hvd import tracking
-    from mlflow_hvd.data import read_parquet_shard, shard_arrays
+    from mlflow_hvd.data import Shard, shard_arrays
 
     # 1. Initialise Horovod.
     hvd.init()
@@ -101,15 +104,22 @@ def train(
     x_train, x_val, y_train, y_val = train_test_split(
         x_all, y_all, test_size=0.15, random_state=seed, stratify=y_all
     )
-    if data == "digits":
-        x_shard, y_shard = shard_arrays([x_train, y_train], hvd.rank(), hvd.size(), seed=seed)
+    validation: Any = (x_val, y_val)
+    if isinstance(data, Shard):  # a DataFrame: this rank's own rows, fed by its Spark task
+
+        def images(shard: Shard) -> Any:  # shuffled anew each epoch, from seed + epoch
+            ds = shard.tf_dataset(batch_size, label="label", features=["pixels"], seed=seed)
+            return ds.map(lambda x, y: (tf.reshape(x, (-1, 8, 8, 1)), y))
+
+        fit_data: dict[str, Any] = {"x": images(data)}  # knows its steps: no steps_per_epoch
+        steps_per_epoch, shard_size = data.steps(batch_size), data.rows
+        if isinstance(val, Shard):
+            validation = images(val)
     else:
-        table = read_parquet_shard(data, hvd.rank(), hvd.size())
-        x_shard = np.stack(
-            [table.column(f"p{i}").to_numpy() for i in range(64)], axis=1
-        ).astype("float32").reshape(-1, 8, 8, 1)
-        y_shard = table.column("label").to_numpy().astype("int64")
-    steps_per_epoch = -(-len(x_shard) // batch_size)  # equal on every rank: equal shards
+        x_shard, y_shard = shard_arrays([x_train, y_train], hvd.rank(), hvd.size(), seed=seed)
+        fit_data = {"x": x_shard, "y": y_shard, "batch_size": batch_size}
+        steps_per_epoch = -(-len(x_shard) // batch_size)  # equal on every rank: equal shards
+        shard_size = len(x_shard)
 
     # 4. Scale the learning rate by the number of workers (warmed up from lr).
     scaled_lr = hvd_keras.scale_learning_rate(learning_rate)
@@ -129,7 +139,7 @@ def train(
     if initial_epoch:
         mlflow_hvd.log_to_driver(f"resuming at epoch {initial_epoch}")
 
-    tracking.log_params({"shard_size": len(x_shard)}, keep_existing=True)
+    tracking.log_params({"shard_size": shard_size}, keep_existing=True)
 
     class FailAt(keras.callbacks.Callback):
         epoch = 0
@@ -174,12 +184,10 @@ def train(
     ]
     fit_started = time.monotonic()
     model.fit(
-        x_shard,
-        y_shard,
-        batch_size=batch_size,
+        **fit_data,
         epochs=epochs,
         initial_epoch=initial_epoch,
-        validation_data=(x_val, y_val),
+        validation_data=validation,
         callbacks=callbacks,
         # 8. Only rank 0 talks: progress bars and logs from one rank, not N.
         verbose=0,

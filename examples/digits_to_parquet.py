@@ -1,9 +1,11 @@
 """Write the digits training split as a Parquet data set for ``--data``.
 
     python examples/digits_to_parquet.py /tmp/digits_parquet [--files 4]
+    mlflow run . -P data=/tmp/digits_parquet
 
-Columns ``p0``..``p63`` (pixels in [0, 1]) and ``label``; rows shuffled before writing,
-because each rank reads one contiguous shard (mlflow_hvd.data.read_parquet_shard).
+Columns ``pixels`` (64 floats in [0, 1], an array column) and ``label``. The training
+entry point reads it with Spark (``spark.read.parquet``) and passes the DataFrame to
+``run()``: each rank trains on its own partition, fed by its Spark task.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ def write(path: str, files: int = 4, seed: int = 0, row_group_size: int = 128) -
     labels = y_train[order]
     os.makedirs(path, exist_ok=True)
     for i, idx in enumerate(np.array_split(np.arange(len(flat)), files)):
-        table = pa.table({**{f"p{j}": flat[idx, j] for j in range(64)}, "label": labels[idx]})
+        pixels = pa.FixedSizeListArray.from_arrays(pa.array(flat[idx].ravel()), 64)
+        table = pa.table({"pixels": pixels.cast(pa.list_(pa.float32())),
+                          "label": labels[idx]})
         pq.write_table(table, os.path.join(path, f"part-{i:05d}.parquet"),
                        row_group_size=row_group_size)
     return len(flat)

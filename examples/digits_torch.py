@@ -46,7 +46,8 @@ def train(
     batch_size: int = 32,
     learning_rate: float = 0.001,
     seed: int = 0,
-    data: str = "digits",
+    data: Any = "digits",
+    val: Any = None,
     fail_at_epoch: int | None = None,
     log_model: bool = True,
     log_every_n_steps: int = 0,
@@ -71,7 +72,7 @@ def train(
     import mlflow_hvd
     from mlflow_hvd import torch as hvd_torch
     from mlflow_hvd import tracking
-    from mlflow_hvd.data import read_parquet_shard
+    from mlflow_hvd.data import Shard
 
     # 1. Initialise Horovod.
     hvd.init()
@@ -101,15 +102,18 @@ def train(
         train_set = tensors(x_train, y_train)
         sampler: Any = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(),
                                           shuffle=True, seed=seed, drop_last=True)
-    else:  # a Parquet data set (examples/digits_to_parquet.py): each rank reads its shard
-        table = read_parquet_shard(data, hvd.rank(), hvd.size())
-        x = np.stack([table.column(f"p{i}").to_numpy() for i in range(64)], axis=1)
-        train_set = tensors(x.astype("float32").reshape(-1, 8, 8, 1),
-                            table.column("label").to_numpy().astype("int64"))
-        sampler = None
-    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler,
-                        shuffle=sampler is None)
-    shard_size = len(sampler) if sampler is not None else len(train_set)
+        loader: Any = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+        shard_size = len(sampler)
+    else:  # a DataFrame passed to run(): this rank's own rows, fed by its Spark task
+        if not isinstance(data, Shard):
+            raise TypeError(f"data must be 'digits' or a DataFrame, got {data!r}")
+        sampler = None  # the shard shuffles each pass itself, from seed + epoch
+        loader = data.torch_loader(batch_size, label="label", features=["pixels"], seed=seed)
+        shard_size = data.rows
+    if isinstance(val, Shard):  # a validation DataFrame: this rank's rows of it
+        rows = list(val.batches(min(256, val.rows), shuffle=False))
+        x_val = np.concatenate([b["pixels"] for b in rows]).reshape(-1, 8, 8, 1)
+        y_val = np.concatenate([b["label"] for b in rows]).astype("int64")
 
     model = build_model().to(device)
 
@@ -155,6 +159,8 @@ def train(
             sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         total, batches = 0.0, 0
         for features, labels in loader:
+            if features.dim() == 2:  # a shard's pixels: 64 floats per row -> NCHW
+                features = features.view(-1, 1, 8, 8)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(features.to(device)), labels.to(device))
             loss.backward()
@@ -166,6 +172,9 @@ def train(
         mean_loss = float(hvd.allreduce(torch.tensor(total / max(batches, 1)),
                                         name="epoch_loss"))
         val_loss, val_accuracy = evaluate(x_val, y_val)
+        if isinstance(val, Shard):  # each rank scored its own rows: the average of all
+            val_loss, val_accuracy = (float(v) for v in hvd.allreduce(
+                torch.tensor([val_loss, val_accuracy]), name="val_metrics"))
         metrics = {"loss": mean_loss, "val_loss": val_loss, "val_accuracy": val_accuracy}
         # 7. Checkpoints (and the epoch's metrics) only on rank 0, as MLflow artifacts.
         hvd_torch.save_checkpoint(model, optimizer, epoch, global_step, metrics)

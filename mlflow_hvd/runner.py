@@ -268,6 +268,11 @@ class HorovodRunner:
         """One attempt's job: its payload, settings, data and who answers rank 0."""
         job_id = self.last_job_id = new_job_id()
         writes = None  # rank 0's metrics, params and tags: the driver writes them
+        on_fed = None  # the DataFrames' split: recorded as the run's dataset inputs
+        if target is not None and feed is not None:
+            from mlflow_hvd.driver.tracking.datasets import recorder
+
+            on_fed = recorder(feed, (target.run_id, *hooks.dataset_runs))
         if target is not None:
             from mlflow_hvd.driver.tracking.epochs import rank0_requests
             from mlflow_hvd.driver.tracking.relay import Relay
@@ -286,7 +291,7 @@ class HorovodRunner:
             f" attempt {attempt}" if attempt else "")
         return Job(payload=dumps_payload(code, target, attempt), settings=settings,
                    description=description, job_id=job_id, on_tracking_write=writes,
-                   on_undelivered=self._save_undelivered, feed=feed)
+                   on_undelivered=self._save_undelivered, feed=feed, on_fed=on_fed)
 
     def __enter__(self) -> HorovodRunner:
         """Keep the ranks warm between ``run`` calls until the ``with`` block ends.
@@ -392,6 +397,7 @@ class RunHooks:
 
     epoch_judge: EpochJudge | None = None  # judges rank 0's per-epoch metric (pruning)
     log_prefix: str = ""  # before every worker line shown on the driver, e.g. "[trial 3]"
+    dataset_runs: tuple[str, ...] = ()  # further runs that record the job's DataFrames
 
 
 def check_call(main: Callable[..., Any], kwargs: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ feed's back."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -127,3 +128,67 @@ def test_plain_values_next_to_a_dataframe_are_passed_as_they_are(spark: Any) -> 
     assert result["kwargs"]["lr"] == 0.5
     shard = result["kwargs"]["data"]
     assert type(shard).__name__ == "Shard" and shard.rows == 10 and shard.argument == "data"
+
+
+def test_the_run_records_each_dataframe_as_a_dataset_input_and_the_split(
+        spark: Any, store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import mlflow
+    from services import wait_until
+
+    # 2 rows per partition over 30 partitions: rows per rank differ, more than 1% is left out
+    small = frame(spark, 61, 30)
+    val = frame(spark, 100, 2)
+    runner = HorovodRunner(np=2, spark=spark)
+    runner.run(workers.shard_census, data=small, val=val, batch_size=4)
+    client = mlflow.MlflowClient()
+
+    def inputs() -> list[Any]:
+        return client.get_run(runner.last_run_id).inputs.dataset_inputs
+
+    wait_until(lambda: len(inputs()) == 2, 30, "the run's two dataset inputs")
+    found = {d.dataset.name: d for d in inputs()}
+    contexts = {name: {t.key: t.value for t in d.tags}["mlflow.data.context"]
+                for name, d in found.items()}
+    assert contexts == {"data": "training", "val": "validation"}
+    profile = json.loads(found["data"].dataset.profile)
+    run = client.get_run(runner.last_run_id)
+    rows = int(run.data.tags["mlflow_hvd.data.data.rows_per_rank"])
+    assert profile == {"num_rows": 61, "ranks": 2, "rows_per_rank": rows,
+                       "dropped_rows": 61 - 2 * rows}
+    assert run.data.tags["mlflow_hvd.data.data.dropped_rows"] == str(61 - 2 * rows)
+    assert run.data.tags["mlflow_hvd.data.val.total_rows"] == "100"
+    assert "mlflow_colspec" in found["data"].dataset.schema
+    assert found["data"].dataset.digest  # the plan's semantic hash: no Spark job
+    out = capsys.readouterr().out
+    assert f"mlflow_hvd: warning: {61 - 2 * rows} of the 61 rows of data=" in out
+    assert "rows of val=" not in out
+
+
+def test_a_sweep_over_a_dataframe_feeds_its_warm_ranks_once(spark: Any, store: str) -> None:
+    import mlflow
+    from hyperopt import hp
+    from services import wait_until
+
+    from mlflow_hvd.sweep import sweep
+
+    result = sweep(workers.shard_trial, {"lr": hp.uniform("lr", 0.0, 1.0)}, max_evals=2, np=2,
+                   fixed_params={"data": frame(spark, 1_000, 4)},
+                   runner_options={"spark": spark})
+    client = mlflow.MlflowClient()
+    trials = client.search_runs(
+        [client.get_run(result.parent_run_id).info.experiment_id],
+        f"tags.mlflow.parentRunId = '{result.parent_run_id}'")
+    assert len(trials) == 2
+    assert len({t.data.params["rank0_pid"] for t in trials}) == 1  # one generation
+    assert all("data" not in t.data.params for t in trials)  # a dataset, not a param
+    for run_id in [result.parent_run_id, *(t.info.run_id for t in trials)]:
+        wait_until(lambda r=run_id: [d.dataset.name for d in
+                                     client.get_run(r).inputs.dataset_inputs] == ["data"],
+                   30, f"run {run_id}'s dataset input")
+
+
+def test_a_retried_attempt_is_fed_again(spark: Any, store: str) -> None:
+    ranks = HorovodRunner(np=2, spark=spark, max_failures=1).run(
+        workers.census_after_a_failed_attempt, data=frame(spark, 300, 3))
+    assert [r["rows"] for r in ranks] == [ranks[0]["rows"]] * 2
+    assert len(set(ranks[0]["ids"]) | set(ranks[1]["ids"])) == 2 * ranks[0]["rows"]

@@ -16,16 +16,25 @@ from mlflow_hvd.data import parquet_row_count
 pytestmark = pytest.mark.slow
 
 
-def test_parquet_input_each_rank_reads_its_equal_shard(
-    store: str, tmp_path: Path, warm_ranks: Any
+def test_the_keras_example_trains_from_a_dataframe_read_by_spark(
+    store: str, tmp_path: Path, warm_ranks: Any, spark: Any
 ) -> None:
+    """examples/digits_to_parquet.py's data set read with Spark and passed to run(): each of
+    two local ranks trains on its own shard (fed from the DataFrame's partitions to the
+    driver's disk), validates on its shard of the validation DataFrame."""
     data = tmp_path / "digits_parquet"
     rows = digits_to_parquet.write(str(data), files=3)
     assert parquet_row_count(str(data)) == rows == 1347
+    train, val = spark.read.parquet(str(data)).randomSplit([0.85, 0.15], seed=0)
     runner = warm_ranks
-    result = runner.run(digits_keras.train, epochs=2, data=str(data), log_model=False)
+    result = runner.run(digits_keras.train, epochs=2, data=train, val=val, log_model=False)
     run = mlflow.MlflowClient().get_run(runner.last_run_id)
-    assert run.data.params["shard_size"] == str(rows // 2)  # 673 each, 1 row dropped
+    per_rank = int(run.data.tags["mlflow_hvd.data.data.rows_per_rank"])
+    assert run.data.params["shard_size"] == str(per_rank)
+    assert int(run.data.tags["mlflow_hvd.data.data.total_rows"]) + int(
+        run.data.tags["mlflow_hvd.data.val.total_rows"]) == rows
+    assert [m.step for m in mlflow.MlflowClient().get_metric_history(
+        run.info.run_id, "val_loss")] == [0, 1]
     assert result["test_accuracy"] > 0.5
 
 

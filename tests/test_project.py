@@ -137,12 +137,19 @@ def test_mlflow_run_of_the_sweep_entry_point_on_local_ranks(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_mlflow_run_of_the_pytorch_example_on_two_spark_ranks(tmp_path: Path) -> None:
-    """`mlflow run . -P np=2 -P train=examples/digits_torch.py:train`: horovod.torch ranks,
-    per-epoch metrics, checkpoints and a PyTorch model in the run."""
+def test_mlflow_run_of_the_pytorch_example_on_two_spark_ranks_from_parquet(
+        tmp_path: Path) -> None:
+    """`mlflow run . -P np=2 -P train=examples/digits_torch.py:train -P data=<parquet>`:
+    Spark reads the data set, each horovod.torch rank trains on its own partition (and
+    validates on its own part of the 15% held out); per-epoch metrics, checkpoints, a
+    PyTorch model and both DataFrames as dataset inputs in the run."""
+    import digits_to_parquet
+
+    data = tmp_path / "digits_parquet"
+    rows = digits_to_parquet.write(str(data), files=3)
     uri = f"sqlite:///{tmp_path}/torch.db"
     proc = _mlflow_run(REPO, tmp_path, uri, "np=2", "epochs=2",
-                       "train=examples/digits_torch.py:train")
+                       "train=examples/digits_torch.py:train", f"data={data}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "test accuracy" in proc.stdout
     run = _only_run(uri)
@@ -157,6 +164,12 @@ def test_mlflow_run_of_the_pytorch_example_on_two_spark_ranks(tmp_path: Path) ->
     (model_out,) = run.outputs.model_outputs
     flavors = mlflow.models.get_model_info(f"models:/{model_out.model_id}").flavors
     assert "pytorch" in flavors
+    inputs = {d.dataset.name: json.loads(d.dataset.profile)["num_rows"]
+              for d in client.get_run(run.info.run_id).inputs.dataset_inputs}
+    assert set(inputs) == {"data", "val"} and sum(inputs.values()) == rows
+    assert json.loads(client.get_run(run.info.run_id).inputs.dataset_inputs[0].dataset
+                      .source)  # where the rows came from
+    assert run.data.params["shard_size"] == run.data.tags["mlflow_hvd.data.data.rows_per_rank"]
 
 
 @pytest.mark.slow

@@ -846,3 +846,30 @@ def torch_loop_on_shard(data: Any, epochs: int = 2, batch_size: int = 50) -> dic
             optimizer.step()
             batches += 1
     return {"batches": hvd.allgather_object(batches), "len": len(loader)}
+
+
+def shard_trial(data: Any, lr: float) -> float:
+    """A sweep trial over a DataFrame shard: logs ``val_loss`` and the rank's pid (warm
+    ranks serve every trial from the same processes, fed once)."""
+    import horovod.tensorflow as hvd
+    import numpy as np
+
+    from mlflow_hvd import tracking
+
+    hvd.init()
+    mean = float(np.mean([b["x"].mean() for b in data.batches(50)]))
+    loss = (lr - 0.3) ** 2 + mean * 0.0
+    tracking.log_params({"rank0_pid": os.getpid()})
+    tracking.log_metrics({"val_loss": loss}, step=0)
+    return loss
+
+
+def census_after_a_failed_attempt(data: Any) -> list[dict[str, Any]]:
+    """Rank 1 fails the job's first attempt once it has read its shard; the next attempt
+    (new ranks, fed again) takes the census."""
+    import mlflow_hvd
+
+    if mlflow_hvd.attempt() == 0 and int(os.environ["HOROVOD_RANK"]) == 1:
+        sum(len(b["id"]) for b in data.batches(10))
+        raise RuntimeError("injected failure on attempt 0")
+    return shard_census(data, batch_size=10)

@@ -21,6 +21,7 @@ from mlflow_hvd.errors import DataInputError, FeedError
 from mlflow_hvd.protocol.feed import (
     MANIFEST_FILE,
     TAG_COLUMN,
+    Agreed,
     ColumnKind,
     FeedSpec,
     FrameSpec,
@@ -143,6 +144,12 @@ class TaskFeed:
     written: tuple[Written, ...] = ()
     error: str = ""
     error_type: str = ""  # "DataInputError" or "FeedError"
+
+
+def agreed(spec: FeedSpec, reports: Sequence[TaskFeed]) -> tuple[Agreed, ...]:
+    """Each argument's split (:func:`agree`), as the driver is told it."""
+    return tuple(Agreed(argument, rows, counts)
+                 for argument, (rows, counts, _) in agree(spec, reports).items())
 
 
 def agree(spec: FeedSpec, reports: Sequence[TaskFeed]) -> dict[str, tuple[int, tuple[int, ...],

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from mlflow_hvd.agent.feed import TaskFeed, feed_partition, manifest
+from mlflow_hvd.agent.feed import TaskFeed, agreed, feed_partition, manifest
 from mlflow_hvd.common import scratch
 from mlflow_hvd.errors import DataInputError, FeedError
 from mlflow_hvd.protocol.feed import FeedSpec, Written
-from mlflow_hvd.protocol.messages import FeedFailed, FeedProgress
+from mlflow_hvd.protocol.messages import FeedAgreed, FeedFailed, FeedProgress
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,8 @@ def fed_shards(spec: FeedSpec | None, ctx: Any, batches: Iterable[Any],
         reports = [_decode(text) for text in ctx.allGather(_encode(mine))]
         try:
             path: str | None = manifest(spec, directory, reports, partition)
+            if partition == 0:
+                send(FeedAgreed(agreed(spec, reports)))
         except (DataInputError, FeedError) as exc:
             if partition == 0:
                 send(FeedFailed(str(exc), type(exc).__name__))

@@ -36,7 +36,8 @@ class LocalBackend:
     def start(self, job: JobSpec, sink: Sink) -> None:
         shards = [""] * job.np
         if job.feed is not None and self._frame is not None:
-            shards = feed_locally(job.feed, self._frame, job.np, self._staging)
+            shards, split = feed_locally(job.feed, self._frame, job.np, self._staging)
+            sink(split)
         slots = assign_slots([LOCAL_HOST] * job.np)
         sink(LayoutReport(partition=0, slots=slots))
         payload_path = self._staging.enter_context(staged_payload(job.payload))

@@ -10,9 +10,10 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from mlflow_hvd.agent.feed import feed_partition, manifest
+from mlflow_hvd.agent.feed import agreed, feed_partition, manifest
 from mlflow_hvd.common import scratch
 from mlflow_hvd.protocol.feed import FeedSpec
+from mlflow_hvd.protocol.messages import FeedAgreed
 
 CHUNK_SCHEMA = "partition int, chunk binary"
 
@@ -41,9 +42,9 @@ def _decoded(rows: Iterator[Any]) -> Iterator[Any]:
 
 
 def feed_locally(spec: FeedSpec, frame: Any, np: int,
-                 owned: contextlib.ExitStack) -> list[str]:
+                 owned: contextlib.ExitStack) -> tuple[list[str], FeedAgreed]:
     """Write ``frame``'s ``np`` partitions to ``np`` new scratch directories (removed when
-    ``owned`` closes); returns each rank's manifest path, in rank order.
+    ``owned`` closes); returns each rank's manifest path, in rank order, and the split.
 
     Raises:
         DataInputError: As :func:`mlflow_hvd.agent.feed.agree` (nulls, lengths, no rows).
@@ -57,4 +58,5 @@ def feed_locally(spec: FeedSpec, frame: Any, np: int,
                                             directories[partition])
     every = [reports.get(p) or feed_partition(spec, p, iter(()), directories[p])
              for p in range(np)]
-    return [manifest(spec, directories[p], every, p) for p in range(np)]
+    return ([manifest(spec, directories[p], every, p) for p in range(np)],
+            FeedAgreed(agreed(spec, every)))

@@ -7,6 +7,11 @@ ranks with HorovodRunner, and prints where the MLflow run is. Without MLFLOW_TRA
 it logs to ``sqlite:///mlflow.db`` in the current directory. The training function gets
 ``epochs``, ``batch_size``, ``learning_rate``, ``seed``, ``data`` and ``run_params`` (the
 parameters to log) as keyword arguments.
+
+``--data`` other than ``digits`` is read with Spark: a Parquet directory or file, a Delta
+table's directory, or a table name. 85% of its rows (``randomSplit``, seeded) go to the
+training function as ``data``, 15% as ``val`` (when the function takes ``val``): each a
+DataFrame that arrives on every rank as that rank's own shard.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 from mlflow_hvd.cli.common import (
     DEFAULT_TRAIN,
@@ -50,7 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--data",
         default="digits",
-        help="'digits' (scikit-learn's bundled set) or a Parquet dataset directory",
+        help="'digits' (scikit-learn's bundled set), or read with Spark: a Parquet or Delta "
+        "path, or a table name",
     )
     p.add_argument("--seed", type=whole_number, default=0)
     add_runner_options(p)
@@ -80,12 +87,46 @@ def validate(args: argparse.Namespace) -> list[str]:
         problems.append(f"max_failures={args.max_failures}: must be 0 (no restart) or more")
     if not args.learning_rate > 0:
         problems.append(f"learning_rate={args.learning_rate}: must be a positive number")
-    if args.data != "digits" and not os.path.exists(args.data):
+    if args.data != "digits" and not os.path.exists(args.data) and (
+            os.sep in args.data or "://" in args.data):
         problems.append(
-            f"data={args.data!r}: no such file or directory; pass 'digits' or the "
-            "path of a Parquet dataset"
+            f"data={args.data!r}: no such file or directory; pass 'digits', the path of a "
+            "Parquet or Delta data set, or a table name"
         )
     return problems
+
+
+def read_frames(args: argparse.Namespace, train: Any) -> tuple[dict[str, Any], Any]:
+    """``--data`` read with Spark, split 85/15 into ``data`` and ``val`` (``val`` only for a
+    training function that takes it), and the session it was read on.
+
+    Raises:
+        ConfigurationError: Nothing can be read at that path, or no such table.
+    """
+    import inspect
+
+    from mlflow_hvd.backends.spark.session import get_or_create_session
+
+    spark = get_or_create_session(max(args.np, 1), runner_options(args).get("spark_master"))
+    source = args.data
+    try:
+        if os.path.exists(source):
+            path = os.path.abspath(source)
+            delta = os.path.isdir(os.path.join(path, "_delta_log"))
+            frame = spark.read.format("delta" if delta else "parquet").load(path)
+        else:
+            frame = spark.table(source)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"data={source!r}: Spark cannot read it ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0]}); pass 'digits', a Parquet or Delta path, or the "
+            "name of a table in the session's catalog") from exc
+    parameters = inspect.signature(train).parameters
+    if "val" not in parameters and not any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return {"data": frame}, spark
+    data, val = frame.randomSplit([0.85, 0.15], seed=args.seed)
+    return {"data": data, "val": val}, spark
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,10 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     from mlflow_hvd import HorovodRunner
 
     t0 = time.monotonic()
-    runner = HorovodRunner(np=args.np, **runner_options(args))
+    frames: dict[str, Any] = {}
+    options = runner_options(args)
+    if args.data != "digits":  # a DataFrame: each rank gets its own partition of it
+        frames, spark = read_frames(args, train)
+        if args.np > 0:
+            options["spark"] = spark
+    runner = HorovodRunner(np=args.np, **options)
     runner.prepare()  # Spark's JVM boots while MLflow is imported and the run set up
     uri = use_default_store()
-    data = args.data if args.data == "digits" else os.path.abspath(args.data)
     params = {
         "np": args.np,
         "epochs": args.epochs,
@@ -120,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         seed=args.seed,
-        data=data,
+        **(frames or {"data": args.data}),
         **({"log_every_n_steps": args.log_every_n_steps} if args.log_every_n_steps else {}),
         run_params=params,
     )

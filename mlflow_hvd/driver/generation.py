@@ -39,6 +39,7 @@ from mlflow_hvd.protocol.credentials import Credentials
 from mlflow_hvd.protocol.messages import (
     AwaitJob,
     EpochReport,
+    FeedAgreed,
     NextJob,
     RankDisconnected,
     Retire,
@@ -117,7 +118,7 @@ class Generation:
         ensure_open_files(np)
         self.rendezvous = Rendezvous(np)
         self._route = message_router(self.events, self.rendezvous, self._undelivered,
-                                     self.tasks)
+                                     self.tasks, self._fed)
         answer = request_router(
             self._tracking, layout_answer(self.tasks, self.rendezvous, self.events),
             credentials_answer(self.secret, self._credentials),
@@ -134,6 +135,7 @@ class Generation:
         self.channel = channel
         self._idle_timeout = DriverSettings.idle_timeout  # what the ranks were started with
         self.feed_key: tuple[tuple[str, int], ...] = ()  # the DataFrames its ranks were fed
+        self.split: FeedAgreed | None = None  # how they were split over the ranks
 
     # --- the current job's handlers ------------------------------------------------------
     def _tracking(self, request: TrackingWrite | EpochReport) -> object:
@@ -145,6 +147,14 @@ class Generation:
     def _credentials(self) -> Credentials | None:
         job = self._job
         return job.settings.credentials if job is not None else None
+
+    def _fed(self, split: FeedAgreed) -> None:
+        """How the DataFrames were split: kept for the generation's later jobs, and told to
+        the current job (its dataset inputs)."""
+        self.split = split
+        job = self._job
+        if job is not None and job.on_fed is not None:
+            job.on_fed(split)
 
     def _undelivered(self) -> UndeliveredHandler | None:
         job = self._job
@@ -193,6 +203,8 @@ class Generation:
             self._handed += 1
             self._cond.notify_all()
         log.info("job %s: handed to %s", job.job_id, self.name)
+        if self.split is not None and job.on_fed is not None:
+            job.on_fed(self.split)  # its ranks hold the data they were fed at the start
 
     def _await_job(self, request: AwaitJob) -> object:
         """A warm rank finished its job: hold it until the next job, the generation's close,

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mlflow_hvd.driver.routing import TrackingWriter, UndeliveredHandler
 from mlflow_hvd.driver.supervisor import DriverSettings
+from mlflow_hvd.protocol.messages import FeedAgreed
 
 if TYPE_CHECKING:
     from mlflow_hvd.driver.feed import Feed
@@ -38,6 +40,8 @@ class Job:
         on_undelivered: Keeps the tracking records rank 0 could not deliver.
         feed: The job's DataFrame arguments (:mod:`mlflow_hvd.driver.feed`), fed to a
             generation's ranks when it starts; None: the job has none.
+        on_fed: Told how the DataFrames were split over the ranks (records them in the
+            job's run), once the generation's tasks agreed.
     """
 
     payload: bytes = field(repr=False)
@@ -47,6 +51,7 @@ class Job:
     on_tracking_write: TrackingWriter | None = None
     on_undelivered: UndeliveredHandler | None = None
     feed: Feed | None = None
+    on_fed: Callable[[FeedAgreed], None] | None = None
 
     @property
     def feed_key(self) -> tuple[tuple[str, int], ...]:

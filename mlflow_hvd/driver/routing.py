@@ -14,6 +14,7 @@ from mlflow_hvd.protocol.messages import (
     AskCredentials,
     AwaitJob,
     EpochReport,
+    FeedAgreed,
     Launch,
     LayoutReport,
     NoCredentials,
@@ -39,11 +40,13 @@ def message_router(
     rendezvous: Rendezvous,
     on_undelivered: Callable[[], UndeliveredHandler | None],
     tasks: TaskGate,
+    on_fed: Callable[[FeedAgreed], None] = lambda _: None,
 ) -> Callable[[object], None]:
     """Where each incoming message goes: a layout the local backend sinks to the
     rendezvous (a mismatch, and everything else but undelivered tracking, to the driver
     loop's queue); a Spark task's departure also to ``tasks``; undelivered tracking to the
-    current job's handler (``on_undelivered()``)."""
+    current job's handler (``on_undelivered()``); how the job's DataFrames were split to
+    ``on_fed``."""
 
     def on_message(message: object) -> None:
         if isinstance(message, LayoutReport):
@@ -53,6 +56,8 @@ def message_router(
         elif isinstance(message, TaskDisconnected):
             tasks.left(message.partition)
             events.put(message)  # wakes the driver loop
+        elif isinstance(message, FeedAgreed):
+            on_fed(message)
         elif isinstance(message, UndeliveredTracking):
             handler = on_undelivered()
             if handler is None:

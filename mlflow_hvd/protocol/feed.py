@@ -88,6 +88,23 @@ class Written:
 
 
 @dataclass(frozen=True)
+class Agreed:
+    """How one argument was split: ``rows`` on every rank, of ``partition_rows`` written."""
+
+    argument: str
+    rows: int
+    partition_rows: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(self.partition_rows)
+
+    @property
+    def dropped(self) -> int:
+        return self.total - self.rows * len(self.partition_rows)
+
+
+@dataclass(frozen=True)
 class ShardFile:
     """One rank's shard of one argument, as the rank reads it.
 

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from mlflow_hvd.protocol.feed import Agreed
 from mlflow_hvd.protocol.records import Record
 
 
@@ -343,6 +344,14 @@ class FeedProgress:
 
 
 @dataclass(frozen=True)
+class FeedAgreed:
+    """Spark task 0 (or the local backend) -> driver: how the job's DataFrames were split
+    over the ranks, once the tasks agreed (before any rank starts)."""
+
+    arguments: tuple[Agreed, ...]
+
+
+@dataclass(frozen=True)
 class FeedFailed:
     """Spark task 0 -> driver: the job's DataFrames cannot be fed (the same verdict on every
     task after their exchange); no rank starts. ``error_type`` is ``DataInputError`` (the
@@ -361,6 +370,7 @@ Message = (
     | WorkerExited
     | BackendFinished
     | FeedProgress
+    | FeedAgreed
     | FeedFailed
 )
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mlflow_hvd.driver.feed import is_dataframe
 from mlflow_hvd.errors import MlflowHvdError
 from mlflow_hvd.runner import HorovodRunner, RunHooks
 from mlflow_hvd.sweep.pruning import History, Rule, TrialJudge
@@ -67,6 +68,7 @@ def run_trial(
     if plan.rule is not None:
         judge = TrialJudge(plan.rule, History.from_results(done or [], plan.sign),
                            plan.metric, plan.sign, _planned_epochs(run_params))
+    parent = mlflow.active_run()
     with mlflow.start_run(nested=True, run_name=f"trial-{index}") as child:
         run_id = child.info.run_id
         client.set_tag(run_id, f"{TAG}trial", str(index))
@@ -75,8 +77,9 @@ def run_trial(
         mlflow.log_params(run_params)
         t0 = time.monotonic()
         try:
-            runner._run_with(RunHooks(epoch_judge=judge, log_prefix=f"[trial {index}]"),
-                             plan.train_fn, {**values, **plan.fixed})
+            hooks = RunHooks(epoch_judge=judge, log_prefix=f"[trial {index}]",
+                             dataset_runs=(parent.info.run_id,) if parent else ())
+            runner._run_with(hooks, plan.train_fn, {**values, **plan.fixed})
         except MlflowHvdError as exc:
             mlflow.end_run("FAILED")
             return {"status": STATUS_FAIL, "error": str(exc).splitlines()[0], "run_id": run_id,
@@ -146,5 +149,6 @@ def trial_params(plan: Plan) -> dict[str, Any]:
         for name, p in signature.parameters.items():
             if isinstance(p.default, bool | int | float | str):
                 out[name] = p.default
-    out.update({k: plain(v) for k, v in plan.fixed.items()})
+    # a DataFrame is recorded as a dataset input, not a param
+    out.update({k: plain(v) for k, v in plan.fixed.items() if not is_dataframe(v)})
     return out

@@ -126,6 +126,10 @@ class HorovodRunner:
             at each ``run``, are handed to the job's rank 0 over its channel, sealed with the
             job's secret, and to no other rank (README: "Tracking servers with
             authentication").
+        data_compression: How the Spark tasks compress the Arrow files of the DataFrames
+            passed to ``run`` (``"lz4"``, ``"zstd"``): less disk on the executors, for a
+            copy into memory as ranks read. None (default): uncompressed, memory-mapped
+            without copying (README: "Training data from Spark").
 
     SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
     stopped, the Spark job group cancelled, the run ended KILLED, and
@@ -154,6 +158,7 @@ class HorovodRunner:
         horovod: HorovodOptions | None = None,
         gpu_resource: str = "gpu",
         tracking_env: Sequence[str] = (),
+        data_compression: str | None = None,
     ) -> None:
         self.num_processor = check_np(np)
         """``np`` under the attribute name of Databricks' HorovodRunner."""
@@ -161,7 +166,7 @@ class HorovodRunner:
             driver_log_verbosity, start_timeout, slot_timeout, timeout, stop_grace,
             spark_master, gloo_iface, max_line_bytes, track, log_system_metrics,
             tracking_timeout, undelivered_dir, max_failures, idle_timeout, horovod,
-            gpu_resource, tracking_env)
+            gpu_resource, tracking_env, data_compression)
         self.driver_log_verbosity = self._options.settings.verbosity.value
         self._spark = spark
         self._pool = RankPool(abs(self.num_processor), self._backend, warm=False)
@@ -202,7 +207,8 @@ class HorovodRunner:
         """:meth:`run` with per-run ``hooks`` (the sweep's epoch judge and log prefix)."""
         check_call(main, kwargs)
         compat.check_driver(self.num_processor)
-        kwargs, feed = split_frames(kwargs, self._spark)  # DataFrames: each rank's shard
+        # DataFrames: each rank gets its own shard
+        kwargs, feed = split_frames(kwargs, self._spark, self._options.data_compression)
         code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
         self._boot.new_run()  # the master is resolved once per run
         self.prepare()  # a new SparkSession boots while MLflow's run is being set up

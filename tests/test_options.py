@@ -24,3 +24,14 @@ def test_option_validators_name_the_option() -> None:
     with pytest.raises(ConfigurationError) as info:
         check_positive_int("max_evals", 1.5)
     assert str(info.value) == "max_evals must be an integer >= 1, got 1.5"
+
+
+def test_data_compression_is_none_lz4_or_zstd() -> None:
+    from mlflow_hvd import HorovodRunner
+
+    assert HorovodRunner(np=-1, data_compression="lz4")._options.data_compression == "lz4"
+    with pytest.raises(ConfigurationError) as info:
+        HorovodRunner(np=-1, data_compression="gzip")
+    assert str(info.value) == (
+        "data_compression must be None (uncompressed: ranks memory-map their shards without "
+        "copying), 'lz4' or 'zstd', got 'gzip'")

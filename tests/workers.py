@@ -873,3 +873,9 @@ def census_after_a_failed_attempt(data: Any) -> list[dict[str, Any]]:
         sum(len(b["id"]) for b in data.batches(10))
         raise RuntimeError("injected failure on attempt 0")
     return shard_census(data, batch_size=10)
+
+
+def first_rows(data: Any) -> dict[str, Any]:
+    """Rank 0's first rows of every column (file order), with their numpy dtypes."""
+    batch = next(data.batches(2, shuffle=False))
+    return {name: (batch[name].tolist(), str(batch[name].dtype)) for name in data.columns}

@@ -85,14 +85,15 @@ class Feed:
         return union.repartition(np)
 
 
-def split_frames(kwargs: Mapping[str, Any], spark: Any = None) -> tuple[dict[str, Any],
-                                                                        Feed | None]:
+def split_frames(kwargs: Mapping[str, Any], spark: Any = None,
+                 compression: str | None = None) -> tuple[dict[str, Any], Feed | None]:
     """``kwargs`` with each DataFrame replaced by a :class:`ShardArg`, and the
     :class:`Feed` of those DataFrames (None when there are none).
 
     Args:
         kwargs: The keyword arguments of ``run``.
         spark: The runner's SparkSession, if it has one; every DataFrame must belong to it.
+        compression: How the tasks compress the shards they write ("lz4", "zstd", None).
 
     Raises:
         DataInputError: A column type that cannot be fed, a DataFrame of another (or a
@@ -110,7 +111,8 @@ def split_frames(kwargs: Mapping[str, Any], spark: Any = None) -> tuple[dict[str
         projections.append(projection)
     replaced = {name: ShardArg(name) if is_dataframe(value) else value
                 for name, value in kwargs.items()}
-    return replaced, Feed(FeedSpec(tuple(specs)), tuple(found), tuple(projections))
+    return replaced, Feed(FeedSpec(tuple(specs), compression), tuple(found),
+                          tuple(projections))
 
 
 def _check_sessions(found: list[tuple[str, Any]], spark: Any) -> None:

@@ -29,6 +29,7 @@ class RunnerOptions:
     undelivered_dir: str | None
     tracking_env: tuple[str, ...]
     max_failures: int
+    data_compression: str | None = None  # Arrow IPC compression of the DataFrames' shards
 
 
 def runner_options(
@@ -49,6 +50,7 @@ def runner_options(
     horovod: HorovodOptions | None,
     gpu_resource: str,
     tracking_env: Sequence[str],
+    data_compression: str | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> RunnerOptions:
     """``HorovodRunner``'s keyword arguments (see its docstring), checked.
@@ -77,7 +79,19 @@ def runner_options(
         undelivered_dir=undelivered_dir,
         tracking_env=_env_names("tracking_env", tracking_env),
         max_failures=check_positive_int("max_failures", max_failures, 0),
+        data_compression=_compression(data_compression),
     )
+
+
+COMPRESSIONS = (None, "lz4", "zstd")  # what Arrow IPC files can be compressed with
+
+
+def _compression(value: Any) -> str | None:
+    if value not in COMPRESSIONS:
+        raise ConfigurationError(
+            f"data_compression must be None (uncompressed: ranks memory-map their shards "
+            f"without copying), 'lz4' or 'zstd', got {value!r}")
+    return value
 
 
 def _verbosity(value: str) -> Verbosity:

@@ -1,0 +1,232 @@
+"""A Spark DataFrame into two ranks' training loops: mlflow_hvd's feed vs Petastorm, and
+the floor (a plain pyarrow loop over the very file mlflow_hvd wrote).
+
+The same DataFrame in every arm: ``spark.range(rows)`` with ``x`` = 64 floats of
+``rand(seed)`` and an int ``label``, built in memory on a ``local[2]`` session (pyspark
+4.3 in both environments: the same seeds give the same rows). Two ranks each read their
+half, batch 256, one pass into ``tf.data`` and one into a torch loop; rank 0's figures are
+reported:
+
+* mlflow_hvd: ``HorovodRunner(np=2).run(fn, data=df)``; each rank iterates
+  ``shard.tf_dataset(256)`` (shuffled) and ``shard.torch_loader(256)``.
+* floor: in the same rank, right after, the same file read record batch by record batch
+  into pre-batched numpy (no shuffle), through ``tf.data.Dataset.from_generator`` and
+  ``torch.from_numpy`` - what any Arrow-file reader must at least do.
+* Petastorm 0.12.1 ``make_spark_converter(df)``, the path Databricks' HorovodRunner docs
+  name, in its own venv (``~/.cache/mlflow_hvd/petastorm-venv``: pyarrow 14 and numpy < 2,
+  which it needs and the project's environment cannot have); the converter's cache is on
+  local disk because this is one machine (a cluster needs DBFS/NFS every node sees).
+  ``make_tf_dataset`` / ``make_torch_dataloader`` with ``cur_shard=rank, shard_count=2``,
+  two processes at once.
+
+Also: time from ``run()`` (or ``make_spark_converter``) to rank 0's first batch, rank 0's
+peak RSS during its passes (above its RSS before them; sampled every 10 ms), bytes written,
+and mlflow_hvd at ``--scale`` times the rows (peak RSS must not grow with the shard).
+Rounds alternate the arms; prints min/median/max per arm and the ratios of medians.
+
+    .venv/bin/python benchmarks/dataframe_feed.py [--rows 1000000] [--rounds 3] [--scale 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+PETASTORM_VENV = os.path.expanduser("~/.cache/mlflow_hvd/petastorm-venv")
+PETASTORM_PACKAGES = ["petastorm==0.12.1", "pyarrow==14.0.2", "numpy<2", "pandas<2.2",
+                      "tensorflow-cpu==2.18.1", "pyspark==4.3.0", "psutil", "torch==2.13.0"]
+BATCH = 256
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def frame(spark: Any, rows: int) -> Any:
+    """The benchmark's DataFrame (also built by the Petastorm arm, in its own venv)."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0, rows, 1, 8).select(
+        F.array(*[F.rand(seed=i).cast("float") for i in range(64)]).alias("x"),
+        (F.col("id") % 10).cast("int").alias("label"))
+
+
+class PeakRss:
+    """Peak RSS of this process above its RSS at start, sampled every 10 ms."""
+
+    def __enter__(self) -> PeakRss:
+        import threading
+
+        import psutil
+
+        self._proc = psutil.Process()
+        self.base = self.peak = self._proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mib(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def rank_passes(data: Any, t0: float) -> dict[str, Any]:
+    """On every rank: first batch, a tf.data pass and a torch pass through the shard, then
+    the floor over the same file. Rank 0's figures are returned."""
+    import horovod.tensorflow as hvd
+    import numpy as np
+    import pyarrow as pa
+    import tensorflow as tf
+    import torch
+
+    hvd.init()
+    ds = data.tf_dataset(BATCH, label="label", features=["x"])
+    next(iter(ds))
+    first_batch = time.time() - t0
+    out: dict[str, Any] = {"first_batch_s": first_batch, "rows": data.rows,
+                           "bytes": os.path.getsize(data._file.path)}
+    with PeakRss() as rss:
+        start, rows = time.perf_counter(), 0
+        for x, _ in ds:
+            rows += int(x.shape[0])
+        out["tf_rows_s"] = rows / (time.perf_counter() - start)
+        start, rows = time.perf_counter(), 0
+        for x, y in data.torch_loader(BATCH, label="label", features=["x"]):
+            rows += int(x.shape[0])
+            float(y.sum())
+        out["torch_rows_s"] = rows / (time.perf_counter() - start)
+    out["peak_rss_mib"] = rss.mib
+
+    def floor_batches() -> Any:
+        reader = pa.ipc.open_file(pa.memory_map(data._file.path))
+        carry_x = carry_y = None
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            x = batch.column("x").flatten().to_numpy().reshape(-1, 64)
+            y = batch.column("label").to_numpy()
+            if carry_x is not None:
+                x, y = np.concatenate([carry_x, x]), np.concatenate([carry_y, y])
+            full = len(x) - len(x) % BATCH
+            for s in range(0, full, BATCH):
+                yield x[s:s + BATCH], y[s:s + BATCH]
+            carry_x, carry_y = x[full:], y[full:]
+
+    spec = (tf.TensorSpec((BATCH, 64), tf.float32), tf.TensorSpec((BATCH,), tf.int32))
+    floor = tf.data.Dataset.from_generator(floor_batches, output_signature=spec).prefetch(2)
+    start, rows = time.perf_counter(), 0
+    for x, _ in floor:
+        rows += int(x.shape[0])
+    out["floor_tf_rows_s"] = rows / (time.perf_counter() - start)
+    start, rows = time.perf_counter(), 0
+    for x, y in floor_batches():
+        rows += int(torch.from_numpy(x).shape[0])
+        float(torch.from_numpy(y).sum())
+    out["floor_torch_rows_s"] = rows / (time.perf_counter() - start)
+    hvd.allreduce(tf.constant(0.0), name="done")  # rank 1 finishes its passes too
+    return out
+
+
+def mlflow_hvd_round(spark: Any, rows: int) -> dict[str, Any]:
+    from mlflow_hvd import HorovodRunner
+
+    df = frame(spark, rows)
+    t0 = time.time()
+    return HorovodRunner(np=2, spark=spark, track=False).run(rank_passes, data=df, t0=t0)
+
+
+def ensure_petastorm_venv() -> str:
+    python = os.path.join(PETASTORM_VENV, "bin", "python")
+    if not os.path.exists(os.path.join(PETASTORM_VENV, ".complete")):
+        base = f"{os.path.expanduser('~/.pyenv/versions/3.11.7/bin/python')}"
+        subprocess.run([base if os.path.exists(base) else sys.executable, "-m", "venv",
+                        PETASTORM_VENV], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", *PETASTORM_PACKAGES,
+                        "--find-links", "/opt/wheels"], check=True)
+        open(os.path.join(PETASTORM_VENV, ".complete"), "w").close()
+    return python
+
+
+def petastorm_round(python: str, rows: int) -> dict[str, Any]:
+    script = os.path.join(REPO, "benchmarks", "petastorm_arm.py")
+    env = {**os.environ, "PYSPARK_PYTHON": python, "PYTHONPATH": ""}
+    proc = subprocess.run([python, script, str(rows), str(BATCH)], capture_output=True,
+                          text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the Petastorm arm failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _line(name: str, values: list[float], unit: str) -> str:
+    return (f"  {name:<34} min {min(values):>10,.1f}  median {statistics.median(values):>10,.1f}"
+            f"  max {max(values):>10,.1f} {unit}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scale", type=int, default=4)
+    parser.add_argument("--no-petastorm", action="store_true")
+    args = parser.parse_args()
+
+    from pyspark.sql import SparkSession
+
+    python = None if args.no_petastorm else ensure_petastorm_venv()
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.local.dir", tempfile.mkdtemp()).getOrCreate())
+    ours: list[dict[str, Any]] = []
+    big: list[dict[str, Any]] = []
+    peta: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        ours.append(mlflow_hvd_round(spark, args.rows))
+        if python:
+            peta.append(petastorm_round(python, args.rows))
+        big.append(mlflow_hvd_round(spark, args.rows * args.scale))
+        print(f"round {r + 1}: mlflow_hvd {ours[-1]}\n  x{args.scale} {big[-1]}"
+              + (f"\n  petastorm {peta[-1]}" if peta else ""), flush=True)
+
+    def med(rounds: list[dict[str, Any]], key: str) -> float:
+        return statistics.median(r[key] for r in rounds)
+
+    print(f"\n{args.rows:,} rows x float[64] + label, np=2, batch {BATCH}, rank 0, "
+          f"{args.rounds} alternated rounds")
+    for key, unit in [("tf_rows_s", "rows/s"), ("torch_rows_s", "rows/s"),
+                      ("first_batch_s", "s"), ("peak_rss_mib", "MiB"), ("bytes", "bytes")]:
+        print(f"{key}:")
+        print(_line("mlflow_hvd", [r[key] for r in ours], unit))
+        print(_line(f"mlflow_hvd x{args.scale} rows", [r[key] for r in big], unit))
+        if peta:
+            print(_line("petastorm 0.12.1", [r[key] for r in peta], unit))
+        if key in ("tf_rows_s", "torch_rows_s"):
+            print(_line("floor (pyarrow loop)", [r[f"floor_{key}"] for r in ours], unit))
+    print("\nratios of medians:")
+    for key in ("tf_rows_s", "torch_rows_s"):
+        print(f"  {key}: mlflow_hvd / floor = {med(ours, key) / med(ours, 'floor_' + key):.2f}"
+              + (f", mlflow_hvd / petastorm = {med(ours, key) / med(peta, key):.1f}x"
+                 if peta else ""))
+    print(f"  peak RSS x{args.scale} rows / x1 = "
+          f"{med(big, 'peak_rss_mib') / med(ours, 'peak_rss_mib'):.2f}")
+    if peta:
+        print(f"  first batch: mlflow_hvd / petastorm = "
+              f"{med(ours, 'first_batch_s') / med(peta, 'first_batch_s'):.2f}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

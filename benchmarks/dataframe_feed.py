@@ -4,14 +4,18 @@ the floor (a plain pyarrow loop over the very file mlflow_hvd wrote).
 The same DataFrame in every arm: ``spark.range(rows)`` with ``x`` = 64 floats of
 ``rand(seed)`` and an int ``label``, built in memory on a ``local[2]`` session (pyspark
 4.3 in both environments: the same seeds give the same rows). Two ranks each read their
-half, batch 256, one pass into ``tf.data`` and one into a torch loop; rank 0's figures are
-reported:
+half, batch 256, ``PASSES`` passes into ``tf.data`` and as many into a torch loop; rank 0's
+figures are reported:
 
 * mlflow_hvd: ``HorovodRunner(np=2).run(fn, data=df)``; each rank iterates
   ``shard.tf_dataset(256)`` (shuffled) and ``shard.torch_loader(256)``.
 * floor: in the same rank, right after, the same file read record batch by record batch
-  into pre-batched numpy (no shuffle), through ``tf.data.Dataset.from_generator`` and
+  into pre-batched numpy (no shuffle), through ``tf.data.Dataset.from_generator`` (a
+  record batch's full batches per element, then ``unbatch``, as ours) and
   ``torch.from_numpy`` - what any Arrow-file reader must at least do.
+
+A tf.data pass is consumed in graph mode (``Dataset.reduce``), as ``model.fit`` consumes
+it; a torch pass by a Python loop over the loader, as a training loop does.
 * Petastorm 0.12.1 ``make_spark_converter(df)``, the path Databricks' HorovodRunner docs
   name, in its own venv (``~/.cache/mlflow_hvd/petastorm-venv``: pyarrow 14 and numpy < 2,
   which it needs and the project's environment cannot have); the converter's cache is on
@@ -44,6 +48,7 @@ PETASTORM_VENV = os.path.expanduser("~/.cache/mlflow_hvd/petastorm-venv")
 PETASTORM_PACKAGES = ["petastorm==0.12.1", "pyarrow==14.0.2", "numpy<2", "pandas<2.2",
                       "tensorflow-cpu==2.18.1", "pyspark==4.3.0", "psutil", "torch==2.13.0"]
 BATCH = 256
+PASSES = 3  # passes per measurement (a pass over 500k rows takes well under a second)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -85,6 +90,17 @@ class PeakRss:
         return (self.peak - self.base) / 2**20
 
 
+def count_rows(dataset: Any) -> int:
+    """One pass through a tf.data pipeline in graph mode (as ``model.fit`` runs it), counting
+    the rows of its batches' first component."""
+    import tensorflow as tf
+
+    def add(total: Any, batch: Any) -> Any:
+        return total + tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.int64)
+
+    return int(dataset.reduce(tf.constant(0, tf.int64), add))
+
+
 def rank_passes(data: Any, t0: float) -> dict[str, Any]:
     """On every rank: first batch, a tf.data pass and a torch pass through the shard, then
     the floor over the same file. Rank 0's figures are returned."""
@@ -102,17 +118,22 @@ def rank_passes(data: Any, t0: float) -> dict[str, Any]:
                            "bytes": os.path.getsize(data._file.path)}
     with PeakRss() as rss:
         start, rows = time.perf_counter(), 0
-        for x, _ in ds:
-            rows += int(x.shape[0])
+        for _ in range(PASSES):
+            rows += count_rows(ds)
         out["tf_rows_s"] = rows / (time.perf_counter() - start)
         start, rows = time.perf_counter(), 0
-        for x, y in data.torch_loader(BATCH, label="label", features=["x"]):
-            rows += int(x.shape[0])
-            float(y.sum())
+        loader = data.torch_loader(BATCH, label="label", features=["x"])
+        for _ in range(PASSES):
+            for x, y in loader:
+                rows += int(x.shape[0])
+                float(y.sum())
         out["torch_rows_s"] = rows / (time.perf_counter() - start)
     out["peak_rss_mib"] = rss.mib
 
-    def floor_batches() -> Any:
+    def floor_groups() -> Any:  # a record batch's full batches at a time, as ours
+        return floor_batches(grouped=True)
+
+    def floor_batches(grouped: bool = False) -> Any:
         reader = pa.ipc.open_file(pa.memory_map(data._file.path))
         carry_x = carry_y = None
         for i in range(reader.num_record_batches):
@@ -122,20 +143,24 @@ def rank_passes(data: Any, t0: float) -> dict[str, Any]:
             if carry_x is not None:
                 x, y = np.concatenate([carry_x, x]), np.concatenate([carry_y, y])
             full = len(x) - len(x) % BATCH
-            for s in range(0, full, BATCH):
+            if grouped and full:
+                yield (x[:full].reshape(-1, BATCH, 64), y[:full].reshape(-1, BATCH))
+            for s in range(0, full if not grouped else 0, BATCH):
                 yield x[s:s + BATCH], y[s:s + BATCH]
             carry_x, carry_y = x[full:], y[full:]
 
-    spec = (tf.TensorSpec((BATCH, 64), tf.float32), tf.TensorSpec((BATCH,), tf.int32))
-    floor = tf.data.Dataset.from_generator(floor_batches, output_signature=spec).prefetch(2)
+    spec = (tf.TensorSpec((None, BATCH, 64), tf.float32), tf.TensorSpec((None, BATCH), tf.int32))
+    floor = tf.data.Dataset.from_generator(floor_groups, output_signature=spec).unbatch()
+    floor = floor.prefetch(2)
     start, rows = time.perf_counter(), 0
-    for x, _ in floor:
-        rows += int(x.shape[0])
+    for _ in range(PASSES):
+        rows += count_rows(floor)
     out["floor_tf_rows_s"] = rows / (time.perf_counter() - start)
     start, rows = time.perf_counter(), 0
-    for x, y in floor_batches():
-        rows += int(torch.from_numpy(x).shape[0])
-        float(torch.from_numpy(y).sum())
+    for _ in range(PASSES):
+        for x, y in floor_batches():
+            rows += int(torch.from_numpy(x).shape[0])
+            float(torch.from_numpy(y).sum())
     out["floor_torch_rows_s"] = rows / (time.perf_counter() - start)
     hvd.allreduce(tf.constant(0.0), name="done")  # rank 1 finishes its passes too
     return out

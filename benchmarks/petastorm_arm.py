@@ -1,7 +1,7 @@
 """The Petastorm arm of benchmarks/dataframe_feed.py, run in Petastorm's own venv:
 ``make_spark_converter`` on the benchmark's DataFrame, then two rank processes (shard 0 and
-1 of 2) each reading one pass into tf.data and one into torch. Prints rank 0's figures as
-one JSON line.
+1 of 2) each reading ``PASSES`` passes into tf.data and as many into torch. Prints rank
+0's figures as one JSON line.
 
     <petastorm venv>/bin/python benchmarks/petastorm_arm.py ROWS BATCH
 """
@@ -18,30 +18,30 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dataframe_feed import PeakRss, frame  # stdlib-only at import
+from dataframe_feed import PASSES, PeakRss, count_rows, frame  # stdlib-only at import
 
 
 def rank(converter: Any, shard: int, batch: int, t0: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with converter.make_tf_dataset(batch_size=batch, cur_shard=shard, shard_count=2,
                                    num_epochs=1) as ds:
-        it = iter(ds)
-        first = next(it)
+        next(iter(ds))
         out["first_batch_s"] = time.time() - t0
+    with converter.make_tf_dataset(batch_size=batch, cur_shard=shard, shard_count=2,
+                                   num_epochs=PASSES) as ds:
         with PeakRss() as rss:
-            start, rows = time.perf_counter(), int(first.x.shape[0])
-            for b in it:
-                rows += int(b.x.shape[0])
+            start = time.perf_counter()
+            rows = count_rows(ds)
             out["tf_rows_s"] = rows / (time.perf_counter() - start)
             with converter.make_torch_dataloader(batch_size=batch, cur_shard=shard,
-                                                 shard_count=2, num_epochs=1) as loader:
+                                                 shard_count=2, num_epochs=PASSES) as loader:
                 start, rows = time.perf_counter(), 0
                 for b in loader:
                     rows += int(b["x"].shape[0])
                     float(b["label"].sum())
                 out["torch_rows_s"] = rows / (time.perf_counter() - start)
         out["peak_rss_mib"] = rss.mib
-    out["rows"] = rows
+    out["rows"] = rows // PASSES
     return out
 
 

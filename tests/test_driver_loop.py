@@ -16,6 +16,7 @@ from mlflow_hvd.driver import DriverSettings, Job, Verbosity, run_job
 from mlflow_hvd.errors import (
     LIFECYCLE_HINT,
     BackendError,
+    DataInputError,
     RunTimeoutError,
     StartTimeoutError,
     WorkerFailedError,
@@ -23,6 +24,8 @@ from mlflow_hvd.errors import (
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
+    FeedFailed,
+    FeedProgress,
     LayoutReport,
     OutputLines,
     Sink,
@@ -439,3 +442,37 @@ def test_worker_lines_carry_the_log_prefix() -> None:
     settings = DriverSettings(verbosity=Verbosity.ALL, log_prefix="[trial 3]")
     handle(OutputLines(1, Stream.STDOUT, ("hello",)), JobRecord(2), settings, out)
     assert out.getvalue() == "[trial 3][1]<stdout>: hello\n"
+
+
+def test_tasks_feeding_data_hold_the_start_deadline_while_they_progress() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        for rows in range(0, 8000, 1000):  # 8 reports 0.2 s apart: past start_timeout
+            sink(FeedProgress(0, rows, rows * 100))
+            stop.wait(0.2)
+        sink(FeedProgress(0, 8000, 800_000, done=True))
+        _ok(sink, 1)
+        _ok(sink, 0, "trained")
+
+    value, _, _ = _run(script, start_timeout=0.5)
+    assert value == "trained"
+
+
+def test_a_feed_that_stops_progressing_is_a_start_timeout() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(FeedProgress(1, 0, 0))
+        stop.wait(10)
+
+    with pytest.raises(StartTimeoutError, match=r"0 of 2 ranks started within 0.5s of the last "
+                                                r"progress feeding the data"):
+        _run(script, start_timeout=0.5)
+
+
+def test_a_feed_failure_is_the_jobs_error_and_stops_the_tasks() -> None:
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(FeedFailed("task 1: column 'y' of the DataFrame passed as data= has null values",
+                        "DataInputError"))
+        if not stop.wait(10):
+            raise AssertionError("the driver never stopped the tasks")
+
+    with pytest.raises(DataInputError, match=r"^task 1: column 'y' .* has null values$"):
+        _run(script)

@@ -88,6 +88,10 @@ class Shard:
                 ``seed + epoch``; False reads the rows in file order.
             epoch: The pass's epoch (default: :attr:`next_epoch`, then counted up).
         """
+        return self._pass(batch_size, columns, shuffle, seed, epoch, window).batches()
+
+    def _pass(self, batch_size: int, columns: Sequence[str] | None, shuffle: bool, seed: int,
+              epoch: int | None, window: int) -> _Pass:
         steps = self.steps(batch_size)
         names = list(columns) if columns is not None else self.columns
         unknown = sorted(set(names) - set(self.columns))
@@ -98,7 +102,7 @@ class Shard:
             epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
         rng = np.random.default_rng([seed, epoch]) if shuffle else None
         return _Pass(self._file.path, self.rows, names, self._widths, batch_size, steps,
-                     rng, max(window, batch_size)).batches()
+                     rng, max(window, batch_size))
 
     # --- TensorFlow ----------------------------------------------------------------------
     def tf_dataset(self, batch_size: int, *, label: str | None = "label",
@@ -117,12 +121,12 @@ class Shard:
         names, label = self._split(label, features)
         kinds = {c.name: c for c in self._file.columns}
 
-        def spec(name: str) -> Any:
+        def spec(name: str) -> Any:  # of a group of batches: (batches, batch_size, ...)
             column = kinds[name]
             if column.kind in (ColumnKind.BINARY, ColumnKind.STRING):
-                return tf.TensorSpec((batch_size,), tf.string)
-            shape = (batch_size,) if column.kind is ColumnKind.SCALAR else (
-                batch_size, self._widths[name])
+                return tf.TensorSpec((None, batch_size), tf.string)
+            shape = (None, batch_size) if column.kind is ColumnKind.SCALAR else (
+                None, batch_size, self._widths[name])
             return tf.TensorSpec(shape, tf.as_dtype(column.dtype))
 
         feature_spec = spec(names[0]) if len(names) == 1 else {n: spec(n) for n in names}
@@ -130,13 +134,16 @@ class Shard:
         read = [*names, *([label] if label else [])]
 
         def generate() -> Iterator[Any]:
-            for batch in self.batches(batch_size, columns=read, shuffle=shuffle, seed=seed,
-                                      window=window):
-                x = batch[names[0]] if len(names) == 1 else {n: batch[n] for n in names}
-                yield x if label is None else (x, batch[label])
+            # a window's batches at a time: one crossing from Python per window, not per
+            # batch (unbatch() below splits them in TensorFlow)
+            one_pass = self._pass(batch_size, read, shuffle, seed, None, window)
+            for group in one_pass.groups():
+                x = group[names[0]] if len(names) == 1 else {n: group[n] for n in names}
+                yield x if label is None else (x, group[label])
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
-        return dataset.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(2)
+        dataset = dataset.unbatch().apply(tf.data.experimental.assert_cardinality(steps))
+        return dataset.prefetch(2)
 
     # --- PyTorch -------------------------------------------------------------------------
     def torch_dataset(self, batch_size: int, *, label: str | None = "label",
@@ -203,6 +210,12 @@ class _Pass:
         self.batch_size, self.steps, self.rng, self.window = batch_size, steps, rng, window
 
     def batches(self) -> Iterator[dict[str, np.ndarray]]:
+        for group in self.groups():
+            for i in range(len(group[self.names[0]])):
+                yield {n: a[i] for n, a in group.items()}
+
+    def groups(self) -> Iterator[dict[str, np.ndarray]]:
+        """The pass's batches a window at a time: arrays of ``(batches, batch_size, ...)``."""
         import pyarrow as pa
 
         with open(self.path, "rb") as f:
@@ -213,7 +226,7 @@ class _Pass:
         order = (self.rng.permutation(len(counts)) if self.rng is not None
                  else np.arange(len(counts)))
         pending: list[dict[str, np.ndarray]] = []
-        pending_rows = emitted = 0
+        pending_rows = 0
         for index in order:
             keep = min(counts[index], self.rows - int(starts[index]))
             if keep <= 0:
@@ -221,16 +234,10 @@ class _Pass:
             pending.append(self._arrays(reader.get_batch(int(index)).slice(0, keep)))
             pending_rows += keep
             if pending_rows >= self.window:
-                for out in self._emit(pending, final=False):
-                    emitted += 1
-                    yield out
+                yield from self._emit(pending, final=False)
                 pending_rows = len(next(iter(pending[0].values()))) if pending else 0
                 _release(mapped)
-        for out in self._emit(pending, final=True):
-            if emitted == self.steps:
-                break
-            emitted += 1
-            yield out
+        yield from self._emit(pending, final=True)
         _release(mapped)
 
     def _arrays(self, batch: Any) -> dict[str, np.ndarray]:
@@ -246,18 +253,28 @@ class _Pass:
 
     def _emit(self, pending: list[dict[str, np.ndarray]], final: bool
               ) -> Iterator[dict[str, np.ndarray]]:
-        """Full batches from the pending arrays (shuffled together); the rows short of a
-        batch stay pending (or, at the end of the pass, are left out)."""
+        """The full batches of the pending arrays (shuffled together), as one group; the
+        rows short of a batch stay pending (or, at the end of the pass, are left out)."""
         if not pending:
             return
-        merged = {n: np.concatenate([p[n] for p in pending]) for n in self.names}
+        if self.rng is None:
+            merged = {n: np.concatenate([p[n] for p in pending]) for n in self.names}
+        else:  # one copy: each row lands at its place in the permuted window
+            total = sum(len(p[self.names[0]]) for p in pending)
+            places = self.rng.permutation(total)
+            merged = {}
+            for n in self.names:
+                first = pending[0][n]
+                merged[n] = np.empty((total, *first.shape[1:]), first.dtype)
+                start = 0
+                for p in pending:
+                    merged[n][places[start:start + len(p[n])]] = p[n]
+                    start += len(p[n])
         total = len(merged[self.names[0]])
-        if self.rng is not None:
-            perm = self.rng.permutation(total)
-            merged = {n: a[perm] for n, a in merged.items()}
         full = total - total % self.batch_size
-        for start in range(0, full, self.batch_size):
-            yield {n: a[start:start + self.batch_size] for n, a in merged.items()}
+        if full:
+            yield {n: a[:full].reshape(-1, self.batch_size, *a.shape[1:])
+                   for n, a in merged.items()}
         pending.clear()
         if full < total and not final:
             pending.append({n: a[full:].copy() for n, a in merged.items()})

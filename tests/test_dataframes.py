@@ -6,6 +6,7 @@ feed's back."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -128,6 +129,18 @@ def test_plain_values_next_to_a_dataframe_are_passed_as_they_are(spark: Any) -> 
     assert result["kwargs"]["lr"] == 0.5
     shard = result["kwargs"]["data"]
     assert type(shard).__name__ == "Shard" and shard.rows == 10 and shard.argument == "data"
+
+
+
+@pytest.mark.parametrize("np_", [2, -2])
+def test_the_shard_files_are_gone_once_the_job_is(spark: Any, np_: int) -> None:
+    from services import wait_until
+
+    path, existed = HorovodRunner(np=np_, spark=spark if np_ > 0 else None, track=False).run(
+        workers.where_my_shard_is, data=frame(spark, 20, 2))
+    assert existed and os.path.basename(os.path.dirname(path)).startswith("mlflow-hvd-feed-")
+    wait_until(lambda: not os.path.exists(os.path.dirname(path)), 30,
+               f"{os.path.dirname(path)} to be removed")
 
 
 def test_the_run_records_each_dataframe_as_a_dataset_input_and_the_split(

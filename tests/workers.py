@@ -879,3 +879,8 @@ def first_rows(data: Any) -> dict[str, Any]:
     """Rank 0's first rows of every column (file order), with their numpy dtypes."""
     batch = next(data.batches(2, shuffle=False))
     return {name: (batch[name].tolist(), str(batch[name].dtype)) for name in data.columns}
+
+
+def where_my_shard_is(data: Any) -> tuple[str, bool]:
+    """The path of this rank's shard file, and whether it is there (it is, while the job runs)."""
+    return data._file.path, os.path.exists(data._file.path)

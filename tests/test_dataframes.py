@@ -232,3 +232,25 @@ def test_vectors_arrays_binary_text_and_booleans_reach_the_ranks(spark: Any) -> 
     assert v[0] == ([first, 0.5] if first % 2 else [float(first), 0.0])  # sparse: dense
     assert a[0] == [first, first + 1, first + 2]
     assert b[0] == bytes([first, 255]) and t[0] == (first % 3 == 0)
+
+
+def test_dataframes_that_cannot_be_projected_are_refused_on_the_driver(spark: Any) -> None:
+    from types import SimpleNamespace
+
+    from mlflow_hvd.driver.feed import _check_sessions, split_frames
+
+    with pytest.raises(DataInputError, match=r"column name '__mlflow_hvd_argument' \(argument "
+                                             r"data=\) is reserved"):
+        split_frames({"data": spark.range(3).selectExpr("id as __mlflow_hvd_argument")})
+    with pytest.raises(DataInputError, match="the DataFrame passed as data= has no columns"):
+        split_frames({"data": spark.range(3).select()})
+    stopped = SimpleNamespace(sparkSession=SimpleNamespace(sparkContext=SimpleNamespace(
+        _jsc=None)))
+    with pytest.raises(DataInputError, match="belongs to a SparkSession that was stopped"):
+        _check_sessions([("data", stopped)], None)
+    # two arguments with a column of the same name and different types: one name each
+    kwargs, feed = split_frames({"a": spark.range(3), "b": spark.range(3).selectExpr(
+        "cast(id as string) as id"), "lr": 0.1})
+    assert feed is not None and kwargs["lr"] == 0.1
+    assert [[c.field for c in f.columns] for f in feed.spec.frames] == [["id#0"], ["id#1"]]
+    assert feed.fed_frame(2).columns == ["__mlflow_hvd_argument", "id#0", "id#1"]

@@ -5,7 +5,8 @@ The same DataFrame in every arm: ``spark.range(rows)`` with ``x`` = 64 floats of
 ``rand(seed)`` and an int ``label``, built in memory on a ``local[2]`` session (pyspark
 4.3 in both environments: the same seeds give the same rows). Two ranks each read their
 half, batch 256, ``PASSES`` passes into ``tf.data`` and as many into a torch loop; rank 0's
-figures are reported:
+figures are reported. Both ranks begin each measured phase together (an allreduce before
+it), so each phase competes only with the same phase of the other rank:
 
 * mlflow_hvd: ``HorovodRunner(np=2).run(fn, data=df)``; each rank iterates
   ``shard.tf_dataset(256)`` (shuffled) and ``shard.torch_loader(256)``.
@@ -116,11 +117,17 @@ def rank_passes(data: Any, t0: float) -> dict[str, Any]:
     first_batch = time.time() - t0
     out: dict[str, Any] = {"first_batch_s": first_batch, "rows": data.rows,
                            "bytes": os.path.getsize(data._file.path)}
+
+    def together(name: str) -> None:  # both ranks start each measured phase at once
+        hvd.allreduce(tf.constant(0.0), name=name)
+
+    together("passes")
     with PeakRss() as rss:
         start, rows = time.perf_counter(), 0
         for _ in range(PASSES):
             rows += count_rows(ds)
         out["tf_rows_s"] = rows / (time.perf_counter() - start)
+        together("torch")
         start, rows = time.perf_counter(), 0
         loader = data.torch_loader(BATCH, label="label", features=["x"])
         for _ in range(PASSES):
@@ -152,10 +159,12 @@ def rank_passes(data: Any, t0: float) -> dict[str, Any]:
     spec = (tf.TensorSpec((None, BATCH, 64), tf.float32), tf.TensorSpec((None, BATCH), tf.int32))
     floor = tf.data.Dataset.from_generator(floor_groups, output_signature=spec).unbatch()
     floor = floor.prefetch(2)
+    together("floor")
     start, rows = time.perf_counter(), 0
     for _ in range(PASSES):
         rows += count_rows(floor)
     out["floor_tf_rows_s"] = rows / (time.perf_counter() - start)
+    together("floor torch")
     start, rows = time.perf_counter(), 0
     for _ in range(PASSES):
         for x, y in floor_batches():

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dataframe_feed import PASSES, PeakRss, count_rows, frame  # stdlib-only at import
 
 
-def rank(converter: Any, shard: int, batch: int, t0: float) -> dict[str, Any]:
+def rank(converter: Any, shard: int, batch: int, t0: float, together: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with converter.make_tf_dataset(batch_size=batch, cur_shard=shard, shard_count=2,
                                    num_epochs=1) as ds:
@@ -29,12 +29,14 @@ def rank(converter: Any, shard: int, batch: int, t0: float) -> dict[str, Any]:
         out["first_batch_s"] = time.time() - t0
     with converter.make_tf_dataset(batch_size=batch, cur_shard=shard, shard_count=2,
                                    num_epochs=PASSES) as ds:
+        together.wait()  # both ranks begin each measured phase at once
         with PeakRss() as rss:
             start = time.perf_counter()
             rows = count_rows(ds)
             out["tf_rows_s"] = rows / (time.perf_counter() - start)
             with converter.make_torch_dataloader(batch_size=batch, cur_shard=shard,
                                                  shard_count=2, num_epochs=PASSES) as loader:
+                together.wait()
                 start, rows = time.perf_counter(), 0
                 for b in loader:
                     rows += int(b["x"].shape[0])
@@ -58,8 +60,10 @@ def main() -> None:
     t0 = time.time()
     converter = make_spark_converter(df)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(cache) for f in fs)
-    with multiprocessing.get_context("spawn").Pool(2) as pool:
-        results = pool.starmap(rank, [(converter, r, batch, t0) for r in (0, 1)])
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, context.Pool(2) as pool:
+        together = manager.Barrier(2)
+        results = pool.starmap(rank, [(converter, r, batch, t0, together) for r in (0, 1)])
     converter.delete()
     spark.stop()
     shutil.rmtree(cache, ignore_errors=True)

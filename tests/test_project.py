@@ -83,8 +83,8 @@ def test_bad_parameters_are_refused_together_before_any_job(tmp_path: Path) -> N
         "np=0 is not a valid number of processes: use np=-N for N processes on the driver "
         "(np=-1 to test on one process first), np=N for N Spark barrier tasks",
         "learning_rate=-0.1: must be a positive number",
-        "data='/no/such/dir': no such file or directory; pass 'digits' or the path of a "
-        "Parquet dataset",
+        "data='/no/such/dir': no such file or directory; pass 'digits', the path of a "
+        "Parquet or Delta data set, or a table name",
     ]
     assert "log4j" not in proc.stderr  # no Spark session was started
     run = _only_run(uri)

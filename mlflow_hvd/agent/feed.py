@@ -146,16 +146,10 @@ class TaskFeed:
     error_type: str = ""  # "DataInputError" or "FeedError"
 
 
-def agreed(spec: FeedSpec, reports: Sequence[TaskFeed]) -> tuple[Agreed, ...]:
-    """Each argument's split (:func:`agree`), as the driver is told it."""
-    return tuple(Agreed(argument, rows, counts)
-                 for argument, (rows, counts, _) in agree(spec, reports).items())
-
-
-def agree(spec: FeedSpec, reports: Sequence[TaskFeed]) -> dict[str, tuple[int, tuple[int, ...],
-                                                                         dict[str, int]]]:
-    """Rows every rank keeps per argument (the minimum), every task's count and the array
-    widths, from every task's report (in partition order). The same on every task.
+def agree(spec: FeedSpec, reports: Sequence[TaskFeed]) -> tuple[Agreed, ...]:
+    """Each argument's split, in the spec's order: rows every rank keeps (the minimum),
+    every task's count and the array widths, from every task's report (in partition order).
+    The same on every task.
 
     Raises:
         DataInputError: A task's data error, arrays of different lengths on different
@@ -167,7 +161,7 @@ def agree(spec: FeedSpec, reports: Sequence[TaskFeed]) -> dict[str, tuple[int, t
         first = failed[0]
         kind = FeedError if first.error_type == FeedError.__name__ else DataInputError
         raise kind(f"task {first.partition}: {first.error}")
-    agreed = {}
+    agreed = []
     for index, frame in enumerate(spec.frames):
         counts = tuple(r.written[index].rows for r in reports)
         widths: dict[str, int] = {}
@@ -184,8 +178,9 @@ def agree(spec: FeedSpec, reports: Sequence[TaskFeed]) -> dict[str, tuple[int, t
                 f"the DataFrame passed as {frame.argument}= has {sum(counts)} rows, and "
                 f"rank(s) {', '.join(map(str, empty))} of {len(counts)} got none (rows per "
                 f"rank: {list(counts)}); every rank needs rows: pass more data or lower np")
-        agreed[frame.argument] = (min(counts), counts, widths)
-    return agreed
+        agreed.append(Agreed(frame.argument, min(counts), counts,
+                             tuple(sorted(widths.items()))))
+    return tuple(agreed)
 
 
 def manifest(spec: FeedSpec, directory: str, reports: Sequence[TaskFeed],
@@ -195,19 +190,12 @@ def manifest(spec: FeedSpec, directory: str, reports: Sequence[TaskFeed],
     Raises:
         DataInputError, FeedError: As :func:`agree`.
     """
-    agreed = agree(spec, reports)
-    mine = reports[partition]
     shards = [
-        ShardFile(
-            argument=frame.argument,
-            path=os.path.join(directory, f"{frame.argument}.arrow"),
-            rows=agreed[frame.argument][0],
-            written=mine.written[index].rows,
-            partition_rows=agreed[frame.argument][1],
-            columns=frame.columns,
-            widths=tuple(sorted(agreed[frame.argument][2].items())),
-        )
-        for index, frame in enumerate(spec.frames)
+        ShardFile(split.argument, split.rows, split.partition_rows, split.widths,
+                  path=os.path.join(directory, f"{frame.argument}.arrow"),
+                  written=written.rows, columns=frame.columns)
+        for frame, split, written in zip(spec.frames, agree(spec, reports),
+                                         reports[partition].written, strict=True)
     ]
     path = os.path.join(directory, MANIFEST_FILE)
     with open(path, "w") as f:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from mlflow_hvd.agent.feed import TaskFeed, agreed, feed_partition, manifest
+from mlflow_hvd.agent.feed import TaskFeed, agree, feed_partition, manifest
 from mlflow_hvd.common import scratch
 from mlflow_hvd.errors import DataInputError, FeedError
 from mlflow_hvd.protocol.feed import FeedSpec, Written
@@ -82,7 +82,7 @@ def fed_shards(spec: FeedSpec | None, ctx: Any, batches: Iterable[Any],
         try:
             path: str | None = manifest(spec, directory, reports, partition)
             if partition == 0:
-                send(FeedAgreed(agreed(spec, reports)))
+                send(FeedAgreed(agree(spec, reports)))
         except (DataInputError, FeedError) as exc:
             if partition == 0:
                 send(FeedFailed(str(exc), type(exc).__name__))

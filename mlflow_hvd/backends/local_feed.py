@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from mlflow_hvd.agent.feed import agreed, feed_partition, manifest
+from mlflow_hvd.agent.feed import agree, feed_partition, manifest
 from mlflow_hvd.common import scratch
 from mlflow_hvd.protocol.feed import FeedSpec
 from mlflow_hvd.protocol.messages import FeedAgreed
@@ -59,4 +59,4 @@ def feed_locally(spec: FeedSpec, frame: Any, np: int,
     every = [reports.get(p) or feed_partition(spec, p, iter(()), directories[p])
              for p in range(np)]
     return ([manifest(spec, directories[p], every, p) for p in range(np)],
-            FeedAgreed(agreed(spec, every)))
+            FeedAgreed(agree(spec, every)))

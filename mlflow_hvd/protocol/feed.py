@@ -89,42 +89,19 @@ class Written:
 
 @dataclass(frozen=True)
 class Agreed:
-    """How one argument was split: ``rows`` on every rank, of ``partition_rows`` written."""
-
-    argument: str
-    rows: int
-    partition_rows: tuple[int, ...]
-
-    @property
-    def total(self) -> int:
-        return sum(self.partition_rows)
-
-    @property
-    def dropped(self) -> int:
-        return self.total - self.rows * len(self.partition_rows)
-
-
-@dataclass(frozen=True)
-class ShardFile:
-    """One rank's shard of one argument, as the rank reads it.
+    """How one argument was split, as every task agreed (and the driver is told).
 
     Attributes:
         argument: The keyword argument.
-        path: The Arrow IPC file on the rank's host.
-        rows: Rows the rank uses: the first ``rows`` of the file (the minimum over ranks).
-        written: Rows in the file.
+        rows: Rows every rank uses: the first ``rows`` of its file (the minimum over ranks).
         partition_rows: Rows every task wrote, in partition (task) order.
-        columns: The argument's columns.
         widths: Elements per row of each array column.
     """
 
     argument: str
-    path: str
     rows: int
-    written: int
     partition_rows: tuple[int, ...]
-    columns: tuple[Column, ...]
-    widths: tuple[tuple[str, int], ...]
+    widths: tuple[tuple[str, int], ...] = ()
 
     @property
     def total(self) -> int:
@@ -135,6 +112,21 @@ class ShardFile:
     def dropped(self) -> int:
         """Rows left out over all ranks so that every rank has exactly ``rows``."""
         return self.total - self.rows * len(self.partition_rows)
+
+
+@dataclass(frozen=True)
+class ShardFile(Agreed):
+    """One rank's shard of one argument, as the rank reads it: the split (above) and
+
+    Attributes:
+        path: The Arrow IPC file on the rank's host.
+        written: Rows in the file.
+        columns: The argument's columns.
+    """
+
+    path: str = ""
+    written: int = 0
+    columns: tuple[Column, ...] = ()
 
 
 def dump_manifest(shards: list[ShardFile]) -> str:

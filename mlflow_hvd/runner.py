@@ -58,7 +58,9 @@ class HorovodRunner:
         driver_log_verbosity: ``"log_callback_only"`` (default) shows on the driver only
             what workers send with :func:`mlflow_hvd.log_to_driver`, and errors;
             ``"all"`` also streams every rank's stdout and stderr, prefixed ``[rank]<stream>:``.
-        start_timeout: Seconds for every rank to start and reach the driver.
+        start_timeout: Seconds a starting job may go without progress: with no rank
+            reaching the driver and no task feeding the data for that long, the job ends
+            with ``StartTimeoutError`` naming the ranks that never started.
         slot_timeout: Seconds to wait for Spark executors to offer ``np`` task slots.
         timeout: Optional limit in seconds on the whole run (None: no limit).
         stop_grace: Seconds between SIGTERM and SIGKILL when stopping ranks.

@@ -51,6 +51,17 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str,
         interval = min(interval * 2, 0.25)
 
 
+_SPARK_NOISE = ("TaskKilled", "Incomplete task interrupted", "Failed to cancel job group")
+
+
+def stderr_tail(text: str, chars: int = 3000) -> str:
+    """The end of a driver's stderr without what Spark prints while a job is cancelled (a
+    line per killed task) and Java stack frames, so that a failure's cause is what shows."""
+    kept = [line for line in text.splitlines()
+            if not line.lstrip().startswith("at ") and not any(n in line for n in _SPARK_NOISE)]
+    return "\n".join(kept)[-chars:]
+
+
 def http_json(url: str) -> Any:
     """The JSON a URL answers; None while a starting server answers something else (Spark's
     web UI can answer an empty body before its pages are up)."""

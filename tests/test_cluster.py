@@ -31,7 +31,7 @@ from cluster import (
     two_node_cluster,
 )
 from conftest import REPO
-from services import Program, applications, wait_until
+from services import Program, applications, stderr_tail, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 TESTS = Path(__file__).resolve().parent
@@ -77,7 +77,7 @@ def drive(cluster: Cluster, body: str, cwd: Path, timeout: float = 300, **env: s
     proc = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=cluster.driver_env(**env),
                           capture_output=True, text=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, f"driver printed no result (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    assert lines, f"driver printed no result (exit {proc.returncode}):\n{stderr_tail(proc.stderr)}"
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -182,7 +182,7 @@ def test_mlflow_run_on_the_cluster_stores_everything_through_the_server(
            "-P", "np=4", "-P", "epochs=2"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=cluster.driver_env(), capture_output=True,
                           text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, stderr_tail(proc.stderr)
     (run,) = client.search_runs([client.get_experiment_by_name("Default").experiment_id],
                                 filter_string="params.epochs = '2' and params.np = '4'")
     run_id = run.info.run_id
@@ -470,7 +470,7 @@ def test_a_pruning_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path:
            "-P", f"space={space}", "-P", "prune=median"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=cluster.driver_env(), capture_output=True,
                           text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, stderr_tail(proc.stderr)
     exp = client.get_experiment_by_name("Default").experiment_id
     (parent,) = client.search_runs([exp], filter_string="tags.`mlflow_hvd.sweep.role` = 'parent'")
     children = sorted(client.search_runs(

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import workers
 from conftest import assert_no_workers_left
+from services import stderr_tail
 
 from mlflow_hvd import HorovodRunner
 
@@ -63,7 +64,7 @@ def test_a_spark_barrier_stage_of_64_ranks(tmp_path: Path) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, stderr_tail(proc.stderr)
     result = json.loads(proc.stdout.split("RESULT ")[-1])
     assert result["rank"] == 0 and result["requests"] > 2 * 2 * 63  # two passes, 63 peers
     seen = _lines_by_rank(proc.stdout)
@@ -119,7 +120,7 @@ def test_a_low_open_file_limit_is_raised_for_a_large_job(tmp_path: Path) -> None
         "print('RESULT', HorovodRunner(np=-100, track=False).run(workers.count_lines, n=2))\n"
         "print('SOFT', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
     ), tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, stderr_tail(proc.stderr)
     assert "RESULT 0" in proc.stdout
     from mlflow_hvd.driver.limits import files_needed
 

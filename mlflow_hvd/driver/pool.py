@@ -140,7 +140,7 @@ def run_job(np: int, backend: Backend, job: Job, driver_host: str = "127.0.0.1",
 
     Raises:
         WorkerFailedError: A rank raised, exited non-zero or was killed.
-        StartTimeoutError: Not every rank started within ``settings.start_timeout``.
+        StartTimeoutError: The job's start went ``settings.start_timeout`` without progress.
         RunTimeoutError: The job exceeded ``settings.timeout``.
         BackendError: The backend failed outside the user's code.
     """

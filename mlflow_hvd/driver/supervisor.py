@@ -127,6 +127,7 @@ class JobRecord:
     backend_finished_at: float | None = None
     fault: str = ""  # a failure of the job's machinery (e.g. a layout mismatch)
     fed_at: float = 0.0  # the latest progress of a task feeding the job's DataFrames
+    arrived_at: float = 0.0  # when the latest rank started
     feed_error: MlflowHvdError | None = None  # why the job's DataFrames cannot be fed
     tasks: TaskGate = field(default_factory=TaskGate)  # Spark tasks that may host a worker
     tails: dict[int, collections.deque[str]] = field(
@@ -314,13 +315,19 @@ def _check_running(
     np = job.np
     if job.feed_error is not None:
         return job.abort(backend, job.feed_error)
-    # while tasks feed the job's data, the start deadline counts from their latest progress
-    waited = min(elapsed, now - job.fed_at)
+    # The start deadline counts from the job's latest progress: tasks feeding its data, or
+    # a rank arriving (many ranks sharing a node's cores arrive one after another, late but
+    # steadily; a job is stuck only when nothing moves for start_timeout).
+    waited = min(elapsed, now - job.fed_at, now - job.arrived_at)
     if len(job.started) < np and waited > settings.start_timeout:
         missing = sorted(set(range(np)) - set(job.started))
+        if job.arrived_at > job.fed_at:
+            when = f"; the others not within {settings.start_timeout:g}s of the last one "
+        else:
+            when = (f" within {settings.start_timeout:g}s "
+                    f"{'of the last progress feeding the data ' if job.fed_at else ''}")
         return job.abort(backend, StartTimeoutError(
-            f"{len(job.started)} of {np} ranks started within {settings.start_timeout:g}s "
-            f"{'of the last progress feeding the data ' if job.fed_at else ''}"
+            f"{len(job.started)} of {np} ranks started{when}"
             f"(missing ranks: {', '.join(map(str, missing))}). Raise "
             "HorovodRunner(start_timeout=...) if workers are slow to start, or check that the "
             "cluster has free slots"
@@ -379,6 +386,7 @@ def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextI
             out.flush()
     elif isinstance(message, WorkerStarted):
         job.started[message.rank] = message.host
+        job.arrived_at = time.monotonic()
         log.info("job %s: rank %d started on %s (%d of %d, %.1fs)", job.job_id, message.rank,
                  message.host, len(job.started), job.np, time.monotonic() - job.t0)
     elif isinstance(message, WorkerResult):

@@ -9,7 +9,9 @@ figures are reported. Both ranks begin each measured phase together (an allreduc
 it), so each phase competes only with the same phase of the other rank:
 
 * mlflow_hvd: ``HorovodRunner(np=2).run(fn, data=df)``; each rank iterates
-  ``shard.tf_dataset(256)`` (shuffled) and ``shard.torch_loader(256)``.
+  ``shard.tf_dataset(256)`` and ``shard.torch_dataset(256)`` (shuffled; RSS measured over
+  these), ``shard.torch_loader(256)`` (the same through a ``DataLoader``), then both in
+  file order (``shuffle=False``: the floor's work).
 * floor: in the same rank, right after, the same file read record batch by record batch
   into pre-batched numpy (no shuffle), through ``tf.data.Dataset.from_generator`` (a
   record batch's full batches per element, then ``unbatch``, as ours) and
@@ -121,6 +123,14 @@ def rank_passes(data: Any, t0: float) -> dict[str, Any]:
     def together(name: str) -> None:  # both ranks start each measured phase at once
         hvd.allreduce(tf.constant(0.0), name=name)
 
+    def torch_passes(batches: Any) -> float:
+        start, rows = time.perf_counter(), 0
+        for _ in range(PASSES):
+            for x, y in batches:
+                rows += int(x.shape[0])
+                float(y.sum())
+        return rows / (time.perf_counter() - start)
+
     together("passes")
     with PeakRss() as rss:
         start, rows = time.perf_counter(), 0
@@ -128,14 +138,20 @@ def rank_passes(data: Any, t0: float) -> dict[str, Any]:
             rows += count_rows(ds)
         out["tf_rows_s"] = rows / (time.perf_counter() - start)
         together("torch")
-        start, rows = time.perf_counter(), 0
-        loader = data.torch_loader(BATCH, label="label", features=["x"])
-        for _ in range(PASSES):
-            for x, y in loader:
-                rows += int(x.shape[0])
-                float(y.sum())
-        out["torch_rows_s"] = rows / (time.perf_counter() - start)
+        out["torch_rows_s"] = torch_passes(data.torch_dataset(BATCH, features=["x"]))
+        together("torch loader")
+        out["loader_rows_s"] = torch_passes(data.torch_loader(BATCH, features=["x"]))
     out["peak_rss_mib"] = rss.mib
+    # the same work as the floor: file order, no shuffle
+    together("in order")
+    in_order = data.tf_dataset(BATCH, label="label", features=["x"], shuffle=False)
+    start, rows = time.perf_counter(), 0
+    for _ in range(PASSES):
+        rows += count_rows(in_order)
+    out["in_order_tf_rows_s"] = rows / (time.perf_counter() - start)
+    together("torch in order")
+    out["in_order_torch_rows_s"] = torch_passes(
+        data.torch_dataset(BATCH, features=["x"], shuffle=False))
 
     def floor_groups() -> Any:  # a record batch's full batches at a time, as ours
         return floor_batches(grouped=True)
@@ -248,11 +264,17 @@ def main() -> None:
         if peta:
             print(_line("petastorm 0.12.1", [r[key] for r in peta], unit))
         if key in ("tf_rows_s", "torch_rows_s"):
-            print(_line("floor (pyarrow loop)", [r[f"floor_{key}"] for r in ours], unit))
+            print(_line("mlflow_hvd in file order", [r[f"in_order_{key}"] for r in ours], unit))
+            print(_line("floor (pyarrow loop, in order)", [r[f"floor_{key}"] for r in ours],
+                        unit))
+        if key == "torch_rows_s":
+            print(_line("mlflow_hvd torch_loader", [r["loader_rows_s"] for r in ours], unit))
     print("\nratios of medians:")
     for key in ("tf_rows_s", "torch_rows_s"):
-        print(f"  {key}: mlflow_hvd / floor = {med(ours, key) / med(ours, 'floor_' + key):.2f}"
-              + (f", mlflow_hvd / petastorm = {med(ours, key) / med(peta, key):.1f}x"
+        floor = med(ours, "floor_" + key)
+        print(f"  {key}: in file order / floor = {med(ours, 'in_order_' + key) / floor:.2f} "
+              f"(the same work), shuffled / floor = {med(ours, key) / floor:.2f}"
+              + (f", shuffled / petastorm = {med(ours, key) / med(peta, key):.1f}x"
                  if peta else ""))
     print(f"  peak RSS x{args.scale} rows / x1 = "
           f"{med(big, 'peak_rss_mib') / med(ours, 'peak_rss_mib'):.2f}")

@@ -195,6 +195,30 @@ def test_a_torch_dataset_gives_tensor_batches(tmp_path: Path) -> None:
     assert sum(1 for _ in loader) == 9
 
 
+def test_numpy_tf_and_torch_give_the_same_rows_and_kept_batches_stay_intact(
+        tmp_path: Path) -> None:
+    """A pass reuses its window's arrays; every consumer still gets exactly the pass's rows:
+    tf.data copies each group it is handed, and numpy/torch batches are their own arrays
+    (kept here until the pass ends: 30 windows later they must not have changed)."""
+    import torch
+
+    shard = fed(tmp_path, [6000, 6000], per_batch=250)[0]
+    kept = list(shard.batches(40, seed=3, epoch=5, window=200))
+    order = [int(i) for b in kept for i in b["id"]]
+    assert sorted(order) == list(range(6000)) and order != list(range(6000))
+    for b in kept:  # every row still whole: its columns belong to the same id
+        assert np.array_equal(b["x"][:, 0], b["id"].astype(np.float32))
+
+    shard.next_epoch = 5
+    tf_ids = [int(i) for x, _ in shard.tf_dataset(40, features=["id"], seed=3, window=200)
+              for i in x.numpy()]
+    assert tf_ids == order
+    shard.next_epoch = 5
+    batches = list(shard.torch_dataset(40, features=["id", "x"], seed=3, window=200))
+    assert [int(i) for x, _ in batches for i in x["id"]] == order
+    assert all(torch.equal(x["x"][:, 0], x["id"].float()) for x, _ in batches)
+
+
 def test_a_job_not_fed_the_argument_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match=r"not fed the DataFrame argument\(s\) "
                                                  r"\['train'\]"):

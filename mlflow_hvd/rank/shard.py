@@ -103,7 +103,7 @@ class Shard:
             epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
         rng = np.random.default_rng([seed, epoch]) if shuffle else None
         return _Pass(self._file.path, self.rows, names, self._widths, batch_size, steps,
-                     rng, max(window, batch_size))
+                     rng, max(window, batch_size) if shuffle else batch_size)
 
     # --- TensorFlow ----------------------------------------------------------------------
     def tf_dataset(self, batch_size: int, *, label: str | None = "label",
@@ -288,6 +288,9 @@ class _Pass:
         merged = {}
         for n in self.names:
             first = pending[0][n]
+            if places is None and len(pending) == 1:  # in file order: the rows as mapped
+                merged[n] = first
+                continue
             merged[n] = self._target(n, (total, *first.shape[1:]), first.dtype)
             if places is None:
                 np.concatenate([p[n] for p in pending], out=merged[n])

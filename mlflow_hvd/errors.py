@@ -37,6 +37,12 @@ class SparkBarrierUnsupportedError(ConfigurationError):
     """The Spark configuration cannot run a barrier-mode stage."""
 
 
+class EnvironmentArchiveError(ConfigurationError):
+    """The environment cannot be packed for the executors, or an executor's unpacked
+    archive does not match what was packed (Python, platform, Horovod's build); the message
+    names what was expected, what was found and what to do."""
+
+
 class InstallError(MlflowHvdError):
     """Something mlflow_hvd installs into an environment (Horovod, the project itself)
     could not be built, installed or verified there."""

@@ -1,0 +1,56 @@
+"""The running interpreter's :class:`EnvironmentFingerprint`: on the driver when it packs
+its environment, and in a Spark task running the unpacked archive, which compares the two
+before its rank starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import sysconfig
+from importlib.metadata import distributions
+from pathlib import Path
+
+from mlflow_hvd.common import compat
+from mlflow_hvd.protocol.environment import FINGERPRINT_FILE, EnvironmentFingerprint
+
+
+def base_python() -> str:
+    """The interpreter this environment's ``python`` links to (a venv's base Python)."""
+    return os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
+
+
+def packages(site: str | None = None) -> tuple[str, ...]:
+    """``name==version`` of every distribution installed in ``site`` (default: this
+    environment's site-packages), sorted."""
+    where = [site or sysconfig.get_paths()["purelib"]]
+    found = {f"{d.metadata['Name']}=={d.version}" for d in distributions(path=where)
+             if d.metadata["Name"]}
+    return tuple(sorted(found, key=str.lower))
+
+
+def current() -> EnvironmentFingerprint:
+    """This interpreter's fingerprint (reads package metadata; imports neither Horovod nor
+    a framework)."""
+    libc = " ".join(part for part in platform.libc_ver() if part)
+    extensions = tuple(name for name, found in (
+        ("tensorflow", compat.horovod_tensorflow_extension()),
+        ("torch", compat.horovod_torch_extension()),
+    ) if found)
+    return EnvironmentFingerprint(
+        python=platform.python_version(),
+        platform=f"{sysconfig.get_platform()} {libc}".strip(),
+        base_python=base_python(),
+        horovod=compat.HOROVOD.installed() or "",
+        extensions=extensions,
+        packages=packages(),
+    )
+
+
+def read_fingerprint(root: str) -> EnvironmentFingerprint | None:
+    """The fingerprint an unpacked archive at ``root`` records (None: not one of ours)."""
+    try:
+        return EnvironmentFingerprint.loads(Path(root, FINGERPRINT_FILE).read_text())
+    except (OSError, ValueError, KeyError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,136 @@
+"""The environment archive for executors without the driver's environment
+(common/env_archive.py, cli/pack_env.py), made from a real venv with a real
+editable install and unpacked where the venv and the editable source are not."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from mlflow_hvd.common.environment import read_fingerprint
+from mlflow_hvd.protocol.environment import FINGERPRINT_FILE
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+SITE = Path(__import__("venv_pack").__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def venv_with_editable(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A venv (of the base interpreter) with ``demo`` installed editable from a source
+    directory, and that directory."""
+    root = tmp_path_factory.mktemp("packing")
+    source = root / "demo-src"
+    (source / "demo").mkdir(parents=True)
+    (source / "demo" / "__init__.py").write_text("ANSWER = 42\n")
+    (source / "pyproject.toml").write_text(
+        '[project]\nname = "demo"\nversion = "0.1"\n'
+        '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n')
+    venv = root / "venv"
+    subprocess.run([BASE, "-m", "venv", str(venv)], check=True, timeout=300)
+    # the build uses this environment's setuptools (the venv's own is too old to build an
+    # editable wheel without `wheel`); nothing is downloaded
+    build = root / "build-tools"
+    build.mkdir()
+    for name in ("setuptools", "pkg_resources", "_distutils_hack", "wheel"):
+        (build / name).symlink_to(SITE / name)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                    "--no-build-isolation", "--no-index", "--no-deps", "-e", str(source)],
+                   check=True, timeout=300, env={**os.environ, "PYTHONPATH": str(build)})
+    return venv, source
+
+
+def _pack(venv: Path, cache: Path) -> dict[str, object]:
+    """The pack command, run by the venv's own interpreter (mlflow_hvd, venv-pack and
+    packaging visible through PYTHONPATH only: the venv's site-packages is what is
+    packed)."""
+    shim = cache.parent / "shim"
+    if not shim.exists():
+        shim.mkdir()
+        for name in ("venv_pack", "packaging"):
+            (shim / name).symlink_to(SITE / name)
+        (shim / "mlflow_hvd").symlink_to(REPO / "mlflow_hvd")
+    env = {**os.environ, "PYTHONPATH": str(shim), "MLFLOW_HVD_CACHE": str(cache)}
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "mlflow_hvd.cli.pack_env",
+                           "--json"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_the_archive_runs_where_neither_the_venv_nor_the_editable_source_is(
+        venv_with_editable: tuple[Path, Path], tmp_path: Path) -> None:
+    venv, source = venv_with_editable
+    cache = tmp_path / "cache"
+    first = _pack(venv, cache)
+    assert first["reused"] is False and first["bytes"] > 0
+    assert first["spark_conf"] == {"spark.archives": f"{first['archive']}#environment"}
+    assert first["base_python"] == BASE and first["PYSPARK_PYTHON"] == "./environment/bin/python"
+    with tarfile.open(str(first["archive"])) as tar:
+        names = set(tar.getnames())
+        tar.extractall(tmp_path / "node" / "environment", filter="tar")
+    assert not any("__editable__" in n for n in names), "editable hooks were packed"
+    site = next(n for n in names if n.endswith("site-packages/demo/__init__.py"))
+    assert site.startswith("lib/python3")
+    recorded = read_fingerprint(str(tmp_path / "node" / "environment"))
+    assert recorded is not None and recorded.base_python == BASE
+    assert "demo==0.1" in recorded.packages and recorded.horovod == ""
+
+    # as on a node without them: the venv and the source moved away
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    shutil.move(str(venv), hidden / "venv")
+    shutil.move(str(source), hidden / "demo-src")
+    try:
+        done = subprocess.run(["./environment/bin/python", "-c",
+                               "import sys, demo; print(demo.ANSWER, sys.prefix)"],
+                              cwd=tmp_path / "node", capture_output=True, text=True,
+                              env={"PATH": os.environ["PATH"]}, timeout=60)
+    finally:
+        shutil.move(str(hidden / "venv"), venv)
+        shutil.move(str(hidden / "demo-src"), source)
+    assert done.returncode == 0, done.stderr
+    answer, prefix = done.stdout.split()
+    assert answer == "42" and prefix.endswith("node/environment")
+
+
+def test_an_unchanged_environment_reuses_its_archive_and_a_changed_source_packs_again(
+        venv_with_editable: tuple[Path, Path], tmp_path: Path) -> None:
+    venv, source = venv_with_editable
+    cache = tmp_path / "cache"
+    first = _pack(venv, cache)
+    again = _pack(venv, cache)
+    assert again["reused"] is True and again["archive"] == first["archive"]
+    init = source / "demo" / "__init__.py"
+    original = init.read_text()
+    try:
+        init.write_text("ANSWER = 43\n")
+        changed = _pack(venv, cache)
+        init.write_text("ANSWER = 44\n")
+        third = _pack(venv, cache)
+    finally:
+        init.write_text(original)
+    assert changed["reused"] is False and changed["archive"] != first["archive"]
+    # the two newest archives are kept
+    kept = sorted(p.name for p in cache.joinpath("envs").glob("env-*.tar.gz"))
+    assert kept == sorted({Path(str(changed["archive"])).name, Path(str(third["archive"])).name})
+    with tarfile.open(str(third["archive"])) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("demo/__init__.py"))
+        assert tar.extractfile(member).read() == b"ANSWER = 44\n"  # type: ignore[union-attr]
+        assert FINGERPRINT_FILE in tar.getnames()
+
+
+def test_a_python_that_is_not_a_venv_is_refused_naming_it(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_HVD_CACHE": str(tmp_path)}
+    done = subprocess.run([BASE, "-c", "from mlflow_hvd.common.env_archive import "
+                           "pack_environment; pack_environment()"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1
+    assert (f"{sys.base_prefix} is not a virtual environment: venv-pack packs venvs"
+            in done.stderr), done.stderr[-2000:]

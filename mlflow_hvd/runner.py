@@ -17,7 +17,7 @@ import cloudpickle
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.backends.local import LocalBackend
-from mlflow_hvd.backends.spark.boot import SessionBoot
+from mlflow_hvd.backends.spark.boot import SessionBoot, refuse_unshipped
 from mlflow_hvd.common import compat
 from mlflow_hvd.common.horovod_env import HorovodOptions
 from mlflow_hvd.common.options import check_np
@@ -132,6 +132,14 @@ class HorovodRunner:
             passed to ``run`` (``"lz4"``, ``"zstd"``): less disk on the executors, for a
             copy into memory as ranks read. None (default): uncompressed, memory-mapped
             without copying (README: "Training data from Spark").
+        ship_environment: For executors that lack this environment: True packs the current
+            venv (once; cached while it is unchanged) and ships it with the session the
+            runner builds (``spark.archives``; executors run ``./environment/bin/python``);
+            a path ships that archive (``python -m mlflow_hvd.cli.pack_env`` makes one).
+            Every task checks it fits its host (Python, platform, Horovod's build) before
+            its rank starts. Not for ``local[...]`` masters (one process: nothing to ship)
+            nor a session built elsewhere (give it ``spark.archives`` yourself; README:
+            "Running on a cluster").
 
     SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
     stopped, the Spark job group cancelled, the run ended KILLED, and
@@ -161,6 +169,7 @@ class HorovodRunner:
         gpu_resource: str = "gpu",
         tracking_env: Sequence[str] = (),
         data_compression: str | None = None,
+        ship_environment: bool | str = False,
     ) -> None:
         self.num_processor = check_np(np)
         """``np`` under the attribute name of Databricks' HorovodRunner."""
@@ -168,11 +177,14 @@ class HorovodRunner:
             driver_log_verbosity, start_timeout, slot_timeout, timeout, stop_grace,
             spark_master, gloo_iface, max_line_bytes, track, log_system_metrics,
             tracking_timeout, undelivered_dir, max_failures, idle_timeout, horovod,
-            gpu_resource, tracking_env, data_compression)
+            gpu_resource, tracking_env, data_compression, ship_environment)
         self.driver_log_verbosity = self._options.settings.verbosity.value
         self._spark = spark
+        if spark is not None:
+            refuse_unshipped(spark, self._options.ship_environment)
         self._pool = RankPool(abs(self.num_processor), self._backend, warm=False)
-        self._boot = SessionBoot(self.num_processor, spark_master, self._options.slot_timeout)
+        self._boot = SessionBoot(self.num_processor, spark_master, self._options.slot_timeout,
+                                 self._options.ship_environment)
         self.last_job_id: str | None = None
         """Id of the latest job; for ``np > 0`` also its Spark job group (Spark UI)."""
         self.last_run_id: str | None = None

@@ -17,6 +17,7 @@ from mlflow_hvd.errors import (
     LIFECYCLE_HINT,
     BackendError,
     DataInputError,
+    EnvironmentArchiveError,
     RunTimeoutError,
     StartTimeoutError,
     WorkerFailedError,
@@ -24,6 +25,7 @@ from mlflow_hvd.errors import (
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
+    EnvironmentMismatch,
     FeedFailed,
     FeedProgress,
     LayoutReport,
@@ -491,3 +493,18 @@ def test_a_feed_failure_is_the_jobs_error_and_stops_the_tasks() -> None:
 
     with pytest.raises(DataInputError, match=r"^task 1: column 'y' .* has null values$"):
         _run(script)
+
+
+def test_an_environment_that_does_not_fit_a_host_is_one_error_naming_it() -> None:
+    """A task whose host cannot run the shipped environment reports it; the driver stops
+    the tasks and raises one EnvironmentArchiveError naming the host and each difference."""
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(EnvironmentMismatch(1, "node-b", ("python: expected 3.11.7, found 3.12.3",)))
+        if not stop.wait(10):
+            raise AssertionError("the driver never stopped the tasks")
+
+    with pytest.raises(EnvironmentArchiveError) as info:
+        _run(script)
+    assert str(info.value).startswith(
+        "the environment shipped to the executors does not fit node-b (task 1): python: "
+        "expected 3.11.7, found 3.12.3. Pack it where")

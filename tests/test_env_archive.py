@@ -4,6 +4,7 @@ editable install and unpacked where the venv and the editable source are not."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -134,3 +135,47 @@ def test_a_python_that_is_not_a_venv_is_refused_naming_it(tmp_path: Path) -> Non
     assert done.returncode == 1
     assert (f"{sys.base_prefix} is not a virtual environment: venv-pack packs venvs"
             in done.stderr), done.stderr[-2000:]
+
+
+def test_the_driver_reads_what_an_archive_needs_and_a_host_names_what_it_lacks(
+        venv_with_editable: tuple[Path, Path], tmp_path: Path) -> None:
+    from mlflow_hvd.common.env_archive import fingerprint_of_archive, shipped_archive
+
+    venv, _ = venv_with_editable
+    packed = _pack(venv, tmp_path / "cache")
+    archive = str(packed["archive"])
+    with tarfile.open(archive) as tar:
+        assert tar.next().name == FINGERPRINT_FILE  # type: ignore[union-attr]
+    needs = fingerprint_of_archive(archive)
+    assert needs is not None and needs.base_python == BASE
+    assert shipped_archive(f"a.zip#other, file:{archive}#environment") == archive
+    assert shipped_archive("a.zip#other") is None
+    plain = tmp_path / "plain.tar.gz"
+    with tarfile.open(plain, "w:gz") as tar:
+        tar.add(__file__, arcname="x.py")
+    assert fingerprint_of_archive(str(plain)) is None  # not one of ours: unchecked
+
+    host = dataclasses.replace(needs, python="3.12.3", platform="linux-aarch64 glibc 2.39",
+                               extensions=())
+    shipped = dataclasses.replace(needs, extensions=("tensorflow",))
+    assert shipped.differences(host) == [
+        f"python: expected {needs.python}, found 3.12.3",
+        f"platform: expected {needs.platform}, found linux-aarch64 glibc 2.39",
+        "Horovod's extensions: expected tensorflow, found none",
+    ]
+    assert needs.differences(needs) == []
+
+
+def test_a_task_not_running_the_shipped_interpreter_says_so_and_one_shipping_none_checks_nothing(
+) -> None:
+    from mlflow_hvd.agent.spark_task import environment_differences
+    from mlflow_hvd.common.environment import current
+    from mlflow_hvd.protocol.job import JobSpec
+
+    job = JobSpec(np=1, payload=b"", secret=b"", driver_host="h", channel_port=1,
+                  rendezvous_port=1, job_id="j", description="d",
+                  environment=current(with_packages=False))
+    assert environment_differences(job) == (
+        f"interpreter: expected the shipped ./environment/bin/python, found {sys.executable} "
+        "(PYSPARK_PYTHON was not the shipped one when the session started)",)
+    assert environment_differences(dataclasses.replace(job, environment=None)) == ()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mlflow_hvd.common.options import check_np, check_positive_int, check_seconds
@@ -35,3 +37,21 @@ def test_data_compression_is_none_lz4_or_zstd() -> None:
     assert str(info.value) == (
         "data_compression must be None (uncompressed: ranks memory-map their shards without "
         "copying), 'lz4' or 'zstd', got 'gzip'")
+
+
+def test_ship_environment_is_a_bool_or_an_existing_archive(tmp_path: Path) -> None:
+    from mlflow_hvd import HorovodRunner
+
+    archive = tmp_path / "env.tar.gz"
+    archive.write_bytes(b"")
+    assert HorovodRunner(np=-1)._options.ship_environment is False
+    assert HorovodRunner(np=-1, ship_environment=True)._options.ship_environment is True
+    assert HorovodRunner(np=-1, ship_environment=archive)._options.ship_environment == str(
+        archive)
+    for bad in ("missing.tar.gz", str(tmp_path), 1):
+        with pytest.raises(ConfigurationError) as info:
+            HorovodRunner(np=-1, ship_environment=bad)
+        assert str(info.value) == (
+            "ship_environment must be True (pack this venv for the executors: python -m "
+            "mlflow_hvd.cli.pack_env), False, or the path of an existing archive ending in "
+            f".tar.gz, .tgz, .tar, .zip, got {bad!r}")

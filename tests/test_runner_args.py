@@ -137,7 +137,7 @@ def test_a_spark_session_that_never_starts_fails_within_start_timeout(
 
     hung = threading.Event()  # a JVM that never comes up
     monkeypatch.setattr(session, "resolve_master", lambda np, master, timeout: (None, "local[2]"))
-    monkeypatch.setattr(session, "new_session", lambda master: hung.wait(60))
+    monkeypatch.setattr(session, "new_session", lambda master, archive: hung.wait(60))
     runner = HorovodRunner(np=2, track=False, start_timeout=0.5)
     try:
         with pytest.raises(BackendError, match=(

@@ -28,6 +28,7 @@ import hashlib
 import os
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
@@ -168,8 +169,8 @@ def _pack(path: Path, site: str, fingerprint: EnvironmentFingerprint,
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         record = Path(tmp) / FINGERPRINT_FILE
         record.write_text(fingerprint.dumps())
-        files.append(venv_pack.File(str(record), FINGERPRINT_FILE))
-        env.files = files
+        # first in the archive: the driver reads it without decompressing the rest
+        env.files = [venv_pack.File(str(record), FINGERPRINT_FILE), *files]
         partial = Path(tmp) / path.name
         env.pack(output=str(partial), format="tar.gz", compress_level=compress_level,
                  force=True)
@@ -194,3 +195,26 @@ def describe(packed: PackedEnvironment) -> dict[str, Any]:
     return {"archive": packed.path, "bytes": packed.size, "seconds": round(packed.seconds, 1),
             "reused": packed.reused, "spark_conf": packed.spark_conf(),
             "PYSPARK_PYTHON": SHIPPED_PYTHON, "base_python": packed.fingerprint.base_python}
+
+
+def fingerprint_of_archive(path: str) -> EnvironmentFingerprint | None:
+    """The fingerprint an archive made here records (its first member), or None for any
+    other archive."""
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            first = tar.next()
+            if first is None or first.name != FINGERPRINT_FILE:
+                return None
+            data = tar.extractfile(first)
+            return EnvironmentFingerprint.loads(data.read().decode()) if data else None
+    except (OSError, tarfile.TarError, ValueError, KeyError):
+        return None
+
+
+def shipped_archive(archives: str) -> str | None:
+    """The local file of the ``#environment`` entry of a ``spark.archives`` setting."""
+    for entry in (e.strip() for e in archives.split(",")):
+        file, _, alias = entry.partition("#")
+        if alias == ARCHIVE_ALIAS:
+            return file[len("file:"):] if file.startswith("file:") else file
+    return None

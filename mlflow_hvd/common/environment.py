@@ -30,9 +30,10 @@ def packages(site: str | None = None) -> tuple[str, ...]:
     return tuple(sorted(found, key=str.lower))
 
 
-def current() -> EnvironmentFingerprint:
+def current(with_packages: bool = True) -> EnvironmentFingerprint:
     """This interpreter's fingerprint (reads package metadata; imports neither Horovod nor
-    a framework)."""
+    a framework). ``with_packages=False`` leaves the package list empty (what a host's
+    check compares needs none of it)."""
     libc = " ".join(part for part in platform.libc_ver() if part)
     extensions = tuple(name for name, found in (
         ("tensorflow", compat.horovod_tensorflow_extension()),
@@ -44,7 +45,7 @@ def current() -> EnvironmentFingerprint:
         base_python=base_python(),
         horovod=compat.HOROVOD.installed() or "",
         extensions=extensions,
-        packages=packages(),
+        packages=packages() if with_packages else (),
     )
 
 

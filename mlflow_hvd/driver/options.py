@@ -30,6 +30,9 @@ class RunnerOptions:
     tracking_env: tuple[str, ...]
     max_failures: int
     data_compression: str | None = None  # Arrow IPC compression of the DataFrames' shards
+    # the environment shipped with a session the runner builds: False (none), True (this
+    # venv, packed and cached) or an archive's path
+    ship_environment: bool | str = False
 
 
 def runner_options(
@@ -51,6 +54,7 @@ def runner_options(
     gpu_resource: str,
     tracking_env: Sequence[str],
     data_compression: str | None = None,
+    ship_environment: bool | str = False,
     environ: Mapping[str, str] = os.environ,
 ) -> RunnerOptions:
     """``HorovodRunner``'s keyword arguments (see its docstring), checked.
@@ -80,7 +84,24 @@ def runner_options(
         tracking_env=_env_names("tracking_env", tracking_env),
         max_failures=check_positive_int("max_failures", max_failures, 0),
         data_compression=_compression(data_compression),
+        ship_environment=_ship(ship_environment),
     )
+
+
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")  # what spark.archives unpacks
+
+
+def _ship(value: Any) -> bool | str:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str | os.PathLike):
+        path = os.path.abspath(os.fspath(value))
+        if path.endswith(ARCHIVE_SUFFIXES) and os.path.isfile(path):
+            return path
+    raise ConfigurationError(
+        "ship_environment must be True (pack this venv for the executors: python -m "
+        "mlflow_hvd.cli.pack_env), False, or the path of an existing archive ending in "
+        f"{', '.join(ARCHIVE_SUFFIXES)}, got {value!r}")
 
 
 COMPRESSIONS = (None, "lz4", "zstd")  # what Arrow IPC files can be compressed with

@@ -23,6 +23,7 @@ from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import (
     BackendError,
     DataInputError,
+    EnvironmentArchiveError,
     FeedError,
     MlflowHvdError,
     RankFailure,
@@ -33,6 +34,7 @@ from mlflow_hvd.errors import (
 from mlflow_hvd.protocol.credentials import Credentials
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
+    EnvironmentMismatch,
     FeedFailed,
     FeedProgress,
     OutputLines,
@@ -128,7 +130,9 @@ class JobRecord:
     fault: str = ""  # a failure of the job's machinery (e.g. a layout mismatch)
     fed_at: float = 0.0  # the latest progress of a task feeding the job's DataFrames
     arrived_at: float = 0.0  # when the latest rank started
-    feed_error: MlflowHvdError | None = None  # why the job's DataFrames cannot be fed
+    # why no rank can start: the job's DataFrames cannot be fed, or a host cannot run the
+    # environment shipped to it
+    setup_error: MlflowHvdError | None = None
     tasks: TaskGate = field(default_factory=TaskGate)  # Spark tasks that may host a worker
     tails: dict[int, collections.deque[str]] = field(
         default_factory=lambda: collections.defaultdict(
@@ -313,8 +317,8 @@ def _check_running(
     """The deadlines and faults of a job with no rank failure yet: the error that ends the
     job (its ranks already told to stop), or None."""
     np = job.np
-    if job.feed_error is not None:
-        return job.abort(backend, job.feed_error)
+    if job.setup_error is not None:
+        return job.abort(backend, job.setup_error)
     # The start deadline counts from the job's latest progress: tasks feeding its data, or
     # a rank arriving (many ranks sharing a node's cores arrive one after another, late but
     # steadily; a job is stuck only when nothing moves for start_timeout).
@@ -411,6 +415,12 @@ def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextI
             log.info("job %s: task %d wrote its %d rows (%.1f MiB in Arrow) in %.1fs",
                      job.job_id, message.partition, message.rows, message.bytes / 2**20,
                      job.fed_at - job.t0)
-    elif isinstance(message, FeedFailed) and job.feed_error is None:
+    elif isinstance(message, FeedFailed) and job.setup_error is None:
         kind = FeedError if message.error_type == FeedError.__name__ else DataInputError
-        job.feed_error = kind(message.error)
+        job.setup_error = kind(message.error)
+    elif isinstance(message, EnvironmentMismatch) and job.setup_error is None:
+        job.setup_error = EnvironmentArchiveError(
+            f"the environment shipped to the executors does not fit {message.host} (task "
+            f"{message.partition}): {'; '.join(message.differences)}. Pack it where the "
+            "executors' Python and platform are the same (python -m mlflow_hvd.cli.pack_env), "
+            "or give the nodes that interpreter")

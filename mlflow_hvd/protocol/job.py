@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mlflow_hvd.protocol.environment import EnvironmentFingerprint
 from mlflow_hvd.protocol.feed import FeedSpec
 
 
@@ -34,6 +35,9 @@ class JobSpec:
             and the driver's environment).
         feed: The DataFrame arguments each task writes from its partition before its
             rank starts (None: the job has none).
+        environment: What the environment shipped to the executors (``spark.archives``)
+            needs on each host; every task checks before its rank starts (None: executors
+            run an environment of their own, unchecked).
     """
 
     np: int
@@ -55,3 +59,4 @@ class JobSpec:
     horovod_env: tuple[tuple[str, str], ...] = ()
     gpu_resource: str = "gpu"  # the Spark resource whose addresses become CUDA_VISIBLE_DEVICES
     feed: FeedSpec | None = None
+    environment: EnvironmentFingerprint | None = None

@@ -361,6 +361,17 @@ class FeedFailed:
     error_type: str
 
 
+@dataclass(frozen=True)
+class EnvironmentMismatch:
+    """Spark task -> driver: the environment shipped to the executors (``spark.archives``)
+    does not match what this task's host has (each item 'what: expected X, found Y'); its
+    rank does not start."""
+
+    partition: int
+    host: str
+    differences: tuple[str, ...]
+
+
 Message = (
     LayoutReport
     | WorkerStarted
@@ -372,6 +383,7 @@ Message = (
     | FeedProgress
     | FeedAgreed
     | FeedFailed
+    | EnvironmentMismatch
 )
 
 Sink = Callable[[Message], None]

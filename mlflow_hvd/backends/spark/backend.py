@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from typing import Any
@@ -10,6 +11,7 @@ from mlflow_hvd.agent.spark_task import RESULT_SCHEMA, barrier_task
 from mlflow_hvd.backends.spark.session import (
     check_barrier_supported,
     check_executor_env,
+    shipped_environment,
     wait_for_slots,
 )
 from mlflow_hvd.protocol.job import JobSpec
@@ -43,6 +45,8 @@ class SparkBackend:
         check_executor_env(self._sc.getConf())
         wait_for_slots(self._sc, job.np, self._slot_timeout)
         self._job_id = job.job_id
+        # an environment shipped with the session: every task checks it fits its host
+        job = dataclasses.replace(job, environment=shipped_environment(self._sc.getConf()))
         self._thread = threading.Thread(
             target=self._submit,
             args=(job, sink),

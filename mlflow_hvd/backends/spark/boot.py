@@ -8,12 +8,16 @@ the runner's ``start_timeout`` is an error naming it, not a hang.
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from mlflow_hvd.errors import BackendError
+from mlflow_hvd.errors import BackendError, ConfigurationError
+
+log = logging.getLogger(__name__)
 
 
 class SessionBoot:
@@ -26,8 +30,10 @@ class SessionBoot:
         probe_timeout: Seconds a standalone master gets to accept a connection.
     """
 
-    def __init__(self, np: int, spark_master: str | None, probe_timeout: float) -> None:
+    def __init__(self, np: int, spark_master: str | None, probe_timeout: float,
+                 ship_environment: bool | str = False) -> None:
         self.np, self.spark_master, self.probe_timeout = np, spark_master, probe_timeout
+        self.ship_environment = ship_environment
         self._chosen: tuple[Any, str] | None = None  # (active session or None, master)
         self._booting: Future[Any] | None = None  # a new session starting
 
@@ -55,14 +61,16 @@ class SessionBoot:
             return
         active, master = self.choice()
         if active is not None:
+            refuse_unshipped(active, self.ship_environment)
             return
         from mlflow_hvd.backends.spark.session import new_session
 
+        archive = environment_archive(self.ship_environment, master)
         booting: Future[Any] = Future()
 
         def boot() -> None:
             try:
-                booting.set_result(new_session(master))
+                booting.set_result(new_session(master, archive))
             except BaseException as exc:  # handed to the waiter
                 booting.set_exception(exc)
 
@@ -93,3 +101,40 @@ class SessionBoot:
             ) from None
         finally:
             self._booting = None  # after a failure the next run tries again
+
+
+def environment_archive(ship: bool | str, master: str) -> str | None:
+    """The archive a new session on ``master`` ships (``HorovodRunner(ship_environment)``):
+    None when nothing is shipped; this venv packed (or its cached archive) for True.
+    ``local[...]`` masters run tasks in the driver's own process tree: nothing to ship."""
+    if ship is False:
+        return None
+    if master.startswith("local[") or master == "local":
+        log.info("ship_environment: not applied on %s (tasks run beside the driver)", master)
+        return None
+    if isinstance(ship, str):
+        return ship
+    from mlflow_hvd.common.env_archive import pack_environment
+
+    log.info("ship_environment: packing %s for the executors (once; reused while it is "
+             "unchanged)", sys.prefix)
+    packed = pack_environment()
+    log.info("ship_environment: %s (%.0f MiB, %s)", packed.path, packed.size / 2**20,
+             "cached" if packed.reused else f"packed in {packed.seconds:.0f} s")
+    return packed.path
+
+
+def refuse_unshipped(session: Any, ship: bool | str) -> None:
+    """``ship_environment`` applies to a session the runner builds: an existing one must
+    already ship an environment (its ``spark.archives``)."""
+    if ship is False:
+        return
+    from mlflow_hvd.common.env_archive import shipped_archive
+
+    conf = session.sparkContext.getConf()
+    if shipped_archive(conf.get("spark.archives", "") or "") is None:
+        raise ConfigurationError(
+            "ship_environment applies to the SparkSession HorovodRunner builds, and this "
+            "process already has one: build it with spark.archives=<archive>#environment and "
+            "PYSPARK_PYTHON=./environment/bin/python in the environment (python -m "
+            "mlflow_hvd.cli.pack_env prints both), or stop it first")

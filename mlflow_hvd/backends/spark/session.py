@@ -9,11 +9,17 @@ from typing import Any
 
 from mlflow_hvd.backends.spark import jvm
 from mlflow_hvd.backends.spark.master import AUTO, check_reachable, choose_master
+from mlflow_hvd.common.env_archive import fingerprint_of_archive, shipped_archive
 from mlflow_hvd.common.horovod_env import refuse_owned
 from mlflow_hvd.errors import (
     ConfigurationError,
     InsufficientSlotsError,
     SparkBarrierUnsupportedError,
+)
+from mlflow_hvd.protocol.environment import (
+    ARCHIVE_ALIAS,
+    SHIPPED_PYTHON,
+    EnvironmentFingerprint,
 )
 
 
@@ -56,9 +62,12 @@ def resolve_master(np: int, spark_master: str | None = None, timeout: float = 30
     return None, choice.master
 
 
-def new_session(master: str) -> Any:
+def new_session(master: str, archive: str | None = None) -> Any:
     """A new SparkSession on ``master``. Starts Spark's driver JVM with the start-up options
-    of :mod:`.jvm` (a class-data archive and the C1-only JIT)."""
+    of :mod:`.jvm` (a class-data archive and the C1-only JIT). With ``archive``, ships it
+    to the executors (``spark.archives=<archive>#environment``) and has them run its
+    ``./environment/bin/python``: ``PYSPARK_PYTHON`` is what the context reads when it
+    starts (a plain Python driver ignores ``spark.pyspark.python``), set only meanwhile."""
     from pyspark.sql import SparkSession
 
     builder = (
@@ -69,7 +78,28 @@ def new_session(master: str) -> Any:
     java_options = jvm.driver_java_options()
     if java_options:
         builder = builder.config("spark.driver.defaultJavaOptions", java_options)
-    return builder.getOrCreate()
+    if archive is None:
+        return builder.getOrCreate()
+    builder = builder.config("spark.archives", f"{archive}#{ARCHIVE_ALIAS}")
+    before = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = SHIPPED_PYTHON
+    try:
+        return builder.getOrCreate()
+    finally:
+        if before is None:
+            os.environ.pop("PYSPARK_PYTHON", None)
+        else:
+            os.environ["PYSPARK_PYTHON"] = before
+
+
+def shipped_environment(conf: Any) -> EnvironmentFingerprint | None:
+    """What the environment this session ships to its executors (``spark.archives``'
+    ``#environment`` entry, packed by :mod:`mlflow_hvd.common.env_archive`) needs on each
+    host; None when it ships none, or one this package did not pack (unchecked)."""
+    archive = shipped_archive(conf.get("spark.archives", "") or "")
+    if archive is None or not os.path.isfile(archive):
+        return None
+    return fingerprint_of_archive(archive)
 
 
 def check_executor_env(conf: Any) -> None:

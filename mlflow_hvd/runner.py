@@ -128,18 +128,10 @@ class HorovodRunner:
             at each ``run``, are handed to the job's rank 0 over its channel, sealed with the
             job's secret, and to no other rank (README: "Tracking servers with
             authentication").
-        data_compression: How the Spark tasks compress the Arrow files of the DataFrames
-            passed to ``run`` (``"lz4"``, ``"zstd"``): less disk on the executors, for a
-            copy into memory as ranks read. None (default): uncompressed, memory-mapped
-            without copying (README: "Training data from Spark").
-        ship_environment: For executors that lack this environment: True packs the current
-            venv (once; cached while it is unchanged) and ships it with the session the
-            runner builds (``spark.archives``; executors run ``./environment/bin/python``);
-            a path ships that archive (``python -m mlflow_hvd.cli.pack_env`` makes one).
-            Every task checks it fits its host (Python, platform, Horovod's build) before
-            its rank starts. Not for ``local[...]`` masters (one process: nothing to ship)
-            nor a session built elsewhere (give it ``spark.archives`` yourself; README:
-            "Running on a cluster").
+        data_compression: ``"lz4"``/``"zstd"`` compress the shards of DataFrame arguments
+            (less disk, a copy as ranks read); None: memory-mapped (README: "Training data").
+        ship_environment: True: this venv, packed (cached), shipped with the session the
+            runner builds; a path: that archive (README: "Running on a cluster").
 
     SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
     stopped, the Spark job group cancelled, the run ended KILLED, and

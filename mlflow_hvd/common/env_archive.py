@@ -174,6 +174,7 @@ def _pack(path: Path, site: str, fingerprint: EnvironmentFingerprint,
         partial = Path(tmp) / path.name
         env.pack(output=str(partial), format="tar.gz", compress_level=compress_level,
                  force=True)
+        partial.chmod(0o644)  # venv-pack writes through mkstemp (0600)
         os.replace(partial, path)
 
 

@@ -82,14 +82,25 @@ def drive(cluster: Cluster, body: str, cwd: Path, timeout: float = 300, **env: s
 
 
 @pytest.mark.old_end
-def test_four_ranks_on_two_hosts_get_horovodrun_s_layout(cluster: Cluster, client: Any,
-                                                         tmp_path: Path) -> None:
+def test_four_ranks_on_two_hosts_get_horovodrun_s_layout_and_train_on_a_dataframe(
+        cluster: Cluster, client: Any, tmp_path: Path) -> None:
+    """One driver program, two jobs: horovodrun's layout (and rank 0's timeline through the
+    server), then a DataFrame the driver built: each barrier task writes its partition on
+    its own node (no shared disk); every rank has the same rows, none twice; the run
+    (through the server) records the dataset."""
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
     out = drive(cluster, """
         from mlflow_hvd import HorovodOptions
+        from pyspark.sql import SparkSession, functions as F
         runner = HorovodRunner(np=4, horovod=HorovodOptions(timeline=True))
         result = {"ranks": runner.run(workers.layout_everywhere), "run_id": runner.last_run_id}
+        spark = SparkSession.builder.getOrCreate()
+        data = spark.range(0, 20_001, 1, 6).select(
+            "id", F.array(*[F.rand(seed=i).cast("float") for i in range(4)]).alias("x"))
+        runner = HorovodRunner(np=4)
+        result["census"] = runner.run(workers.shard_census, data=data, batch_size=100)
+        result["data_run_id"] = runner.last_run_id
     """, tmp_path)
     ranks = out["ranks"]
     expected = get_host_assignments([HostInfo("node-a", 2), HostInfo("node-b", 2)], 4)
@@ -116,29 +127,14 @@ def test_four_ranks_on_two_hosts_get_horovodrun_s_layout(cluster: Cluster, clien
     assert any(e.get("name") == "ALLREDUCE" for e in json.loads(Path(timeline).read_text()))
     assert any(app["name"] == "mlflow_hvd" for app in applications(cluster.master_ui))
 
-
-@pytest.mark.old_end
-def test_four_ranks_on_two_hosts_train_on_a_dataframe_the_driver_built(
-        cluster: Cluster, client: Any, tmp_path: Path) -> None:
-    """Each barrier task writes its partition on its own node (no shared disk); every rank
-    has the same rows, none twice; the run (through the server) records the dataset."""
-    out = drive(cluster, """
-        from pyspark.sql import SparkSession, functions as F
-        spark = SparkSession.builder.getOrCreate()
-        data = spark.range(0, 20_001, 1, 6).select(
-            "id", F.array(*[F.rand(seed=i).cast("float") for i in range(4)]).alias("x"))
-        runner = HorovodRunner(np=4)
-        ranks = runner.run(workers.shard_census, data=data, batch_size=100)
-        result = {"ranks": ranks, "run_id": runner.last_run_id}
-    """, tmp_path)
-    ranks = out["ranks"]
-    assert {r["host"] for r in ranks} == {"node-a", "node-b"}
-    rows = ranks[0]["rows"]
-    assert [r["rows"] for r in ranks] == [rows] * 4 and {r["steps"] for r in ranks} == {
+    census = out["census"]
+    assert {r["host"] for r in census} == {"node-a", "node-b"}
+    rows = census[0]["rows"]
+    assert [r["rows"] for r in census] == [rows] * 4 and {r["steps"] for r in census} == {
         rows // 100}
-    seen = [i for r in ranks for i in r["ids"]]
-    assert len(seen) == len(set(seen)) == 4 * rows == 20_001 - ranks[0]["dropped"]
-    run_id = out["run_id"]
+    seen = [i for r in census for i in r["ids"]]
+    assert len(seen) == len(set(seen)) == 4 * rows == 20_001 - census[0]["dropped"]
+    run_id = out["data_run_id"]
     assert client.get_run(run_id).data.tags["mlflow_hvd.data.data.rows_per_rank"] == str(rows)
     wait_until(lambda: [d.dataset.name for d in client.get_run(run_id).inputs.dataset_inputs]
                == ["data"], 30, "the run's dataset input")

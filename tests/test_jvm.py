@@ -118,3 +118,19 @@ def test_a_jvm_that_cannot_write_the_archive_is_a_failed_build(tmp_path: Path) -
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.rstrip().endswith(
         "the JVM exited with status 1 while writing the archive")
+
+
+def test_only_the_most_recently_used_archives_are_kept(tmp_path: Path) -> None:
+    """Every fresh pyspark install (each CI clone's venv) gets its own archive: building one
+    keeps the three used most recently, and a session using one marks it used."""
+    names = [f"spark-driver-{i:016x}.jsa" for i in range(5)]
+    for age, name in enumerate(names):
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (1_000_000 - age * 100, 1_000_000 - age * 100))
+    (tmp_path / "other.txt").write_text("kept")
+    gone = jvm.prune_archives(tmp_path, keep=3)
+    assert sorted(p.name for p in gone) == names[3:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*names[:3], "other.txt"])
+    jvm._touch(tmp_path / names[2])  # used now: the newest
+    jvm.prune_archives(tmp_path, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[2], "other.txt"])

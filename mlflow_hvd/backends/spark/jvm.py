@@ -93,12 +93,35 @@ def driver_java_options(env: Mapping[str, str] = os.environ) -> str:
     archive = archive_path(env)
     if archive is not None and archive.is_file():
         options.append(f"-XX:SharedArchiveFile={archive}")
+        _touch(archive)  # in use: the archives pruned are the ones no session used lately
     elif archive is not None:
         log.info(
             "Spark's driver JVM starts faster with a class-data archive; "
             "build it once with: python -m mlflow_hvd.cli.jvm_archive"
         )
     return " ".join(options)
+
+
+KEEP_ARCHIVES = 3  # the most recently used archives kept (one per Spark installation)
+
+
+def prune_archives(directory: Path, keep: int = KEEP_ARCHIVES) -> list[Path]:
+    """Delete all but the ``keep`` most recently used archives in ``directory`` (each
+    install of pyspark, e.g. every fresh venv, gets its own, 120-160 MiB); returns what was
+    deleted. A venv whose archive is gone starts its JVM without one until it builds it
+    again."""
+    archives = sorted(directory.glob("spark-driver-*.jsa"), key=lambda p: p.stat().st_mtime,
+                      reverse=True)
+    for old in archives[keep:]:
+        old.unlink(missing_ok=True)
+    return archives[keep:]
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # a read-only cache: nothing to record
+        pass
 
 
 def build_archive(timeout: float = 300.0, env: Mapping[str, str] = os.environ) -> Path:
@@ -136,6 +159,7 @@ def build_archive(timeout: float = 300.0, env: Mapping[str, str] = os.environ) -
                 f"end of its output:\n{(proc.stdout + proc.stderr)[-3000:]}"
             )
         os.replace(partial, target)
+        prune_archives(target.parent, keep=KEEP_ARCHIVES)
     except subprocess.TimeoutExpired:
         raise BackendError(
             f"building Spark's class-data archive did not finish within {timeout:g} s"

@@ -43,7 +43,7 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mlflow_hvd.common import compat
+from mlflow_hvd.common import cache, compat
 from mlflow_hvd.errors import InstallError, MlflowHvdError, UnsupportedVersionError
 
 VERSION = compat.HOROVOD.low
@@ -122,10 +122,7 @@ def target() -> Target:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("MLFLOW_HVD_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlflow_hvd"
-    )
-    return Path(base) / "wheels"
+    return cache.cache_root() / "wheels"
 
 
 def _marker() -> Path:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlflow_hvd.common.cache import cache_root, keep_newest
 from mlflow_hvd.common.environment import current
 from mlflow_hvd.errors import EnvironmentArchiveError
 from mlflow_hvd.protocol.environment import (
@@ -77,9 +78,7 @@ class PackedEnvironment:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("MLFLOW_HVD_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlflow_hvd")
-    return Path(base) / "envs"
+    return cache_root() / "envs"
 
 
 def editable_sources(site: str) -> dict[str, str]:
@@ -144,7 +143,7 @@ def pack_environment(cache: Path | None = None, compress_level: int = 1
                                  fingerprint)
     start = time.monotonic()
     _pack(path, site, fingerprint, sources, compress_level)
-    _prune(where, keep=KEEP)
+    keep_newest(where, "env-*.tar.gz", KEEP)
     return PackedEnvironment(str(path), digest, path.stat().st_size,
                              time.monotonic() - start, False, fingerprint)
 
@@ -183,12 +182,6 @@ def _editable_hook(target: str) -> bool:
     bytecode)."""
     return os.path.basename(target).startswith("__editable__")
 
-
-def _prune(where: Path, keep: int) -> None:
-    archives = sorted(where.glob("env-*.tar.gz"), key=lambda p: p.stat().st_mtime,
-                      reverse=True)
-    for old in archives[keep:]:
-        old.unlink(missing_ok=True)
 
 
 def describe(packed: PackedEnvironment) -> dict[str, Any]:

@@ -33,6 +33,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from mlflow_hvd.common.cache import cache_root, keep_newest
 from mlflow_hvd.errors import BackendError, ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -42,12 +43,8 @@ C1_ONLY = "-XX:TieredStopAtLevel=1"
 
 
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """mlflow_hvd's cache: ``$MLFLOW_HVD_CACHE``, else ``$XDG_CACHE_HOME/mlflow_hvd``, else
-    ``~/.cache/mlflow_hvd`` (where ``scripts/setup.sh`` keeps the Horovod wheel too)."""
-    if env.get("MLFLOW_HVD_CACHE"):
-        return Path(env["MLFLOW_HVD_CACHE"])
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mlflow_hvd"
+    """mlflow_hvd's cache (:func:`mlflow_hvd.common.cache.cache_root`)."""
+    return cache_root(env)
 
 
 def java_binary(env: Mapping[str, str] = os.environ) -> str | None:
@@ -110,18 +107,14 @@ def prune_archives(directory: Path, keep: int = KEEP_ARCHIVES) -> list[Path]:
     install of pyspark, e.g. every fresh venv, gets its own, 120-160 MiB); returns what was
     deleted. A venv whose archive is gone starts its JVM without one until it builds it
     again."""
-    archives = sorted(directory.glob("spark-driver-*.jsa"), key=lambda p: p.stat().st_mtime,
-                      reverse=True)
-    for old in archives[keep:]:
-        old.unlink(missing_ok=True)
-    return archives[keep:]
+    return keep_newest(directory, "spark-driver-*.jsa", keep)
 
 
 def _touch(path: Path) -> None:
     try:
         os.utime(path)
-    except OSError:  # a read-only cache: nothing to record
-        pass
+    except OSError as exc:  # a read-only cache: pruning may then take it as unused
+        log.debug("could not mark %s used: %s", path, exc)
 
 
 def build_archive(timeout: float = 300.0, env: Mapping[str, str] = os.environ) -> Path:

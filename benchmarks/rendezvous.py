@@ -37,7 +37,7 @@ import workers  # the tests' lightweight rank functions
 from mlflow_hvd import HorovodRunner
 from mlflow_hvd.driver import rendezvous as rdv
 
-LOAD = re.compile(r"the rendezvous server (\d+) requests in ([\d.]+)s \((\d+) not there yet\)")
+LOAD = re.compile(r"the rendezvous server (\d+) requests in ([\d.]+)s \((\d+) not there yet,")
 OURS = (rdv._Server.process_request, rdv.HOLD_SECONDS)
 HOROVODS = (socketserver.ThreadingMixIn.process_request, 0.0)
 
@@ -54,7 +54,7 @@ class _Load(logging.Handler):
 def one_job(np: int, spread: float, server: tuple[object, float]) -> tuple[float, float, int]:
     rdv._Server.process_request, rdv.HOLD_SECONDS = server  # type: ignore[method-assign]
     load = _Load()
-    logger = logging.getLogger("mlflow_hvd.driver.job")
+    logger = logging.getLogger("mlflow_hvd.driver.generation")
     logger.addHandler(load)
     logger.setLevel(logging.INFO)
     before = resource.getrusage(resource.RUSAGE_SELF)

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import inspect
 import logging
 import os
 import sys
@@ -24,7 +22,7 @@ from mlflow_hvd.common.options import check_np
 from mlflow_hvd.driver.feed import Feed, split_frames
 from mlflow_hvd.driver.job import Job, new_job_id, resolve_host
 from mlflow_hvd.driver.options import runner_options
-from mlflow_hvd.driver.payload import dumps_code, dumps_payload
+from mlflow_hvd.driver.payload import check_call, dumps_code, dumps_payload
 from mlflow_hvd.driver.pool import RankPool
 from mlflow_hvd.driver.retry import Decision, RetryPolicy
 from mlflow_hvd.driver.signals import sigterm_interrupts
@@ -132,6 +130,11 @@ class HorovodRunner:
             (less disk, a copy as ranks read); None: memory-mapped (README: "Training data").
         ship_environment: True: this venv, packed (cached), shipped with the session the
             runner builds; a path: that archive (README: "Running on a cluster").
+        environment_timeout: Seconds a shipped environment gets to be unpacked: on the
+            driver while the session the runner builds starts (Spark unpacks archives
+            there too; added to ``start_timeout``), and on every executor before the
+            session's first job, with Horovod loaded from it (a plain Spark stage ahead of
+            the barrier stage; once per application).
 
     SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
     stopped, the Spark job group cancelled, the run ended KILLED, and
@@ -162,6 +165,7 @@ class HorovodRunner:
         tracking_env: Sequence[str] = (),
         data_compression: str | None = None,
         ship_environment: bool | str = False,
+        environment_timeout: float = 600.0,
     ) -> None:
         self.num_processor = check_np(np)
         """``np`` under the attribute name of Databricks' HorovodRunner."""
@@ -169,14 +173,16 @@ class HorovodRunner:
             driver_log_verbosity, start_timeout, slot_timeout, timeout, stop_grace,
             spark_master, gloo_iface, max_line_bytes, track, log_system_metrics,
             tracking_timeout, undelivered_dir, max_failures, idle_timeout, horovod,
-            gpu_resource, tracking_env, data_compression, ship_environment)
+            gpu_resource, tracking_env, data_compression, ship_environment,
+            environment_timeout)
         self.driver_log_verbosity = self._options.settings.verbosity.value
         self._spark = spark
         if spark is not None:
             refuse_unshipped(spark, self._options.ship_environment)
         self._pool = RankPool(abs(self.num_processor), self._backend, warm=False)
         self._boot = SessionBoot(self.num_processor, spark_master, self._options.slot_timeout,
-                                 self._options.ship_environment)
+                                 self._options.ship_environment,
+                                 self._options.environment_timeout)
         self.last_job_id: str | None = None
         """Id of the latest job; for ``np > 0`` also its Spark job group (Spark UI)."""
         self.last_run_id: str | None = None
@@ -394,7 +400,9 @@ class HorovodRunner:
             feed.check_session(spark)
         frame = feed.fed_frame(np) if feed is not None else None
         host = spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
-        return SparkBackend(spark, self._options.slot_timeout, frame), resolve_host(host)
+        backend = SparkBackend(spark, self._options.slot_timeout, frame,
+                               self._options.environment_timeout)
+        return backend, resolve_host(host)
 
 
 
@@ -410,41 +418,3 @@ class RunHooks:
     epoch_judge: EpochJudge | None = None  # judges rank 0's per-epoch metric (pruning)
     log_prefix: str = ""  # before every worker line shown on the driver, e.g. "[trial 3]"
     dataset_runs: tuple[str, ...] = ()  # further runs that record the job's DataFrames
-
-
-def check_call(main: Callable[..., Any], kwargs: dict[str, Any]) -> None:
-    """Refuses, on the driver, a ``main`` that is not callable or whose signature does not
-    accept ``kwargs``: names it does not take (with the closest parameter) and required
-    parameters missing, all in one message.
-
-    Raises:
-        ConfigurationError: Naming ``main`` and the arguments.
-    """
-    if not callable(main):
-        raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
-    try:
-        signature = inspect.signature(main)
-    except (TypeError, ValueError):  # a callable Python cannot describe: ranks will tell
-        return
-    params = signature.parameters
-    by_keyword = {n for n, p in params.items()
-                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    problems = []
-    for name in kwargs:
-        if name not in by_keyword and not (takes_any and name not in params):
-            close = difflib.get_close_matches(name, sorted(by_keyword), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.append(f"it takes no argument {name!r}{hint}")
-    missing = [n for n, p in params.items() if p.default is p.empty
-               and (n not in kwargs or n not in by_keyword)
-               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if missing:
-        problems.append(f"it needs {', '.join(map(repr, missing))}")
-    if problems:
-        plain = signature.replace(
-            parameters=[p.replace(annotation=p.empty) for p in params.values()],
-            return_annotation=signature.empty)
-        raise ConfigurationError(
-            f"run({_name(main)}, ...): {'; '.join(problems)}: main{plain}. run(main, "
-            "**kwargs) calls main(**kwargs) on every rank")

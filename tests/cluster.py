@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ from services import (
     start,
     start_mlflow_server,
     start_spark_master,
+    stderr_tail,
     stop_group,
     wait_for_mlflow_server,
     wait_until,
@@ -45,6 +48,7 @@ NODES = ("node-a", "node-b")
 CANDIDATES = ("198.51.100.0/24", "203.0.113.0/24")
 STATE = Path("/var/tmp/mlflow-hvd-testcluster")  # outside every node's private /tmp
 OPT_OUT = "MLFLOW_HVD_NO_NAMESPACES"
+TESTS = Path(__file__).resolve().parent
 
 
 class ClusterUnavailable(RuntimeError):
@@ -65,6 +69,7 @@ class Cluster:
     conf_dir: Path
     state: Path
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    bare: bool = False  # nodes without the driver's environment and checkout
 
     def namespace(self, node: str) -> str:
         return f"{PREFIX}-{node}"
@@ -111,7 +116,7 @@ class Cluster:
     def restart_node(self, node: str) -> None:
         """Bring a killed node's worker back and wait until the master counts it alive."""
         self.workers[node] = _start_worker(node, self.node_ips[node], self.master_url,
-                                           self.state / "hosts", self.state)
+                                           self.state / "hosts", self.state, self.bare)
         wait_until(lambda: len(alive_workers(self.master_ui)) == len(NODES), 90,
                    f"the worker on {node} registered again")
 
@@ -214,13 +219,28 @@ def kept_under_tmp() -> list[Path]:
     return sorted(p for p in paths if p.is_relative_to("/tmp"))
 
 
+def hidden_on_bare_nodes() -> list[Path]:
+    """What a bare node must not see: the checkout, the driver's venv, the environments
+    ``mlflow run`` creates and this project's caches (packed archives, Horovod wheels);
+    covered by empty tmpfs mounts in the node's mount namespace. Nested paths are covered
+    by their outermost one."""
+    home = Path.home()
+    candidates = {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(),
+                  Path(os.environ.get("MLFLOW_ENV_ROOT") or home / ".mlflow" / "envs"),
+                  Path(os.environ.get("MLFLOW_HVD_CACHE") or home / ".cache" / "mlflow_hvd")}
+    for made_later in candidates - {Path(__file__).resolve().parents[1], Path(sys.prefix)}:
+        made_later.mkdir(parents=True, exist_ok=True)  # covered before anything is in it
+    existing = sorted(p for p in candidates if p.is_dir() and not p.is_relative_to("/tmp"))
+    return [p for p in existing if not any(p != q and p.is_relative_to(q) for q in existing)]
+
+
 # The GPUs each node's worker offers, found by Spark's discovery script (no real GPU: Spark
 # only schedules addresses). Applications that request none are unaffected.
 GPUS = {"node-a": ("3", "7"), "node-b": ("0", "5")}
 
 
 def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
-                  state: Path) -> subprocess.Popen[bytes]:
+                  state: Path, bare: bool = False) -> subprocess.Popen[bytes]:
     work = state / node / "work"
     work.mkdir(parents=True, exist_ok=True)
     discover = state / node / "discover-gpus.sh"
@@ -233,20 +253,29 @@ def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
     # tmpfs first, /tmp is replaced by an empty tmpfs, and the kept paths are bound back.
     # Nothing of the host's /tmp is ever mounted under a host-visible directory.
     stage = f"/run/{PREFIX}-{node}-keep"
+    kept = [] if bare else kept_under_tmp()
     keep_in = "".join(
         f"mkdir -p {stage}/{i} && mount --bind {p} {stage}/{i} && "
-        for i, p in enumerate(kept_under_tmp())
+        for i, p in enumerate(kept)
     )
     keep_out = "".join(
         f"mkdir -p {p} && mount --bind {stage}/{i} {p} && "
-        for i, p in enumerate(kept_under_tmp())
+        for i, p in enumerate(kept)
     )
+    spark_home = Path(spark_class()).parents[1]
+    if bare:
+        # Spark (the pip package's directory) stays reachable through a bind made before
+        # the venv holding it is covered: a node with Java and Spark, not the environment
+        keep_in += (f"mkdir -p {stage}/spark && mount --bind {spark_home} {stage}/spark && "
+                    + "".join(f"mount -t tmpfs -o size=1m tmpfs {p} && "
+                              for p in hidden_on_bare_nodes()))
+        spark_home = Path(stage, "spark")
     script = (
         f"hostname {node} && mount --bind {hosts_file} /etc/hosts && "
         f"mkdir -p {stage} && mount -t tmpfs -o size=1m tmpfs {stage} && {keep_in}"
         f"mount -t tmpfs -o size=2g tmpfs /tmp && {keep_out}"
-        f"export SPARK_WORKER_OPTS='{gpu_opts}' && "
-        f"exec {spark_class()} org.apache.spark.deploy.worker.Worker {master_url} "
+        f"export SPARK_WORKER_OPTS='{gpu_opts}' SPARK_HOME={spark_home} && "
+        f"exec {spark_home}/bin/spark-class org.apache.spark.deploy.worker.Worker {master_url} "
         f"--host {ip} --cores 2 --memory 3g --work-dir {work}"
     )
     cmd = ["ip", "netns", "exec", f"{PREFIX}-{node}", "unshare", "--uts", "--mount",
@@ -272,8 +301,10 @@ def _remove_state() -> None:
 
 
 @contextlib.contextmanager
-def two_node_cluster() -> Iterator[Cluster]:
-    """Start the cluster; tear all of it down on every exit path."""
+def two_node_cluster(bare: bool = False) -> Iterator[Cluster]:
+    """Start the cluster; tear all of it down on every exit path. ``bare`` nodes have Java,
+    Spark and the base Python, but neither the driver's environment nor the checkout
+    (:func:`hidden_on_bare_nodes`)."""
     if os.geteuid() != 0:
         raise ClusterUnavailable("the test cluster needs root (Linux namespaces)")
     if shutil.which("ip") is None or shutil.which("unshare") is None:
@@ -295,7 +326,7 @@ def two_node_cluster() -> Iterator[Cluster]:
         procs.append(master)
         workers = {}
         for node, ip in node_ips.items():
-            workers[node] = _start_worker(node, ip, master_url, hosts, STATE)
+            workers[node] = _start_worker(node, ip, master_url, hosts, STATE, bare)
             procs.append(workers[node])
         wait_until(lambda: len(alive_workers(master_ui)) == len(NODES), 90,
                    "both Spark workers registered with the master")
@@ -312,10 +343,65 @@ def two_node_cluster() -> Iterator[Cluster]:
             "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL 2\n"
         )
         yield Cluster(str(subnet), driver_ip, node_ips, master_url, master_ui, mlflow_url,
-                      STATE / "mlflow" / "artifacts", conf, STATE, workers)
+                      STATE / "mlflow" / "artifacts", conf, STATE, workers, bare)
     finally:
         for node in NODES:
             _kill_namespace(f"{PREFIX}-{node}")
         for proc in procs:
             stop_group(proc, grace=5)
         teardown_leftovers()
+        for node in NODES:  # executors' copies of shipped environments: gigabytes each
+            shutil.rmtree(STATE / node / "work", ignore_errors=True)
+
+
+def drive(cluster: Cluster, body: str, cwd: Path, timeout: float = 300, **env: str) -> Any:
+    """Run a driver program; returns what it printed after ``RESULT`` (JSON), or the
+    error it raised as ``{"error": type, "message": ...}``."""
+    script = "\n".join([
+        "import json, sys",
+        f"sys.path.insert(0, {str(TESTS)!r})",
+        "import workers",
+        "from mlflow_hvd import HorovodRunner",
+        "try:",
+        textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),
+        "except Exception as exc:",
+        "    print('RESULT ' + json.dumps({'error': type(exc).__name__, 'message': str(exc)}))",
+        "else:",
+        "    print('RESULT ' + json.dumps(result))",
+    ])
+    proc = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=cluster.driver_env(**env),
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"driver printed no result (exit {proc.returncode}):\n{stderr_tail(proc.stderr)}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@contextlib.contextmanager
+def cluster_for_tests(bare: bool = False) -> Iterator[Cluster]:
+    """The cluster a test module runs on: :func:`two_node_cluster`, where the opt-out
+    skips it outside CI only and a cluster that cannot start fails the tests."""
+    import pytest
+
+    if os.environ.get(OPT_OUT) == "1":
+        if os.environ.get("CI"):
+            pytest.fail(f"{OPT_OUT}=1 is for local runs only: CI runs the cluster tests")
+        pytest.skip(f"{OPT_OUT}=1: this machine opted out of the namespace cluster tests")
+    try:
+        with two_node_cluster(bare) as c:
+            yield c
+    except ClusterUnavailable as exc:
+        pytest.fail(f"cannot start the two-node test cluster: {exc} (set {OPT_OUT}=1 only on "
+                    "machines that cannot create namespaces; CI must not)")
+
+
+@contextlib.contextmanager
+def tracking_client(cluster: Cluster) -> Iterator[Any]:
+    """An MLflow client of the cluster's tracking server (this process's URI restored)."""
+    import mlflow
+
+    old = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(cluster.mlflow_url)
+    try:
+        yield mlflow.MlflowClient()
+    finally:
+        mlflow.set_tracking_uri(old)

@@ -22,14 +22,7 @@ from typing import Any
 
 import mlflow
 import pytest
-from cluster import (
-    NODE_IFACE,
-    OPT_OUT,
-    Cluster,
-    ClusterUnavailable,
-    kept_under_tmp,
-    two_node_cluster,
-)
+from cluster import NODE_IFACE, Cluster, cluster_for_tests, drive, tracking_client
 from conftest import REPO
 from services import Program, applications, stderr_tail, wait_until
 
@@ -39,46 +32,14 @@ TESTS = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    if os.environ.get(OPT_OUT) == "1":
-        if os.environ.get("CI"):
-            pytest.fail(f"{OPT_OUT}=1 is for local runs only: CI runs the cluster tests")
-        pytest.skip(f"{OPT_OUT}=1: this machine opted out of the namespace cluster tests")
-    try:
-        with two_node_cluster() as c:
-            yield c
-    except ClusterUnavailable as exc:
-        pytest.fail(f"cannot start the two-node test cluster: {exc} (set {OPT_OUT}=1 only on "
-                    "machines that cannot create namespaces; CI must not)")
+    with cluster_for_tests() as c:
+        yield c
 
 
 @pytest.fixture()
 def client(cluster: Cluster) -> Iterator[Any]:
-    old = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(cluster.mlflow_url)
-    yield mlflow.MlflowClient()
-    mlflow.set_tracking_uri(old)
-
-
-def drive(cluster: Cluster, body: str, cwd: Path, timeout: float = 300, **env: str) -> Any:
-    """Run a driver program; returns what it printed after ``RESULT`` (JSON), or the
-    error it raised as ``{"error": type, "message": ...}``."""
-    script = "\n".join([
-        "import json, sys",
-        f"sys.path.insert(0, {str(TESTS)!r})",
-        "import workers",
-        "from mlflow_hvd import HorovodRunner",
-        "try:",
-        textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),
-        "except Exception as exc:",
-        "    print('RESULT ' + json.dumps({'error': type(exc).__name__, 'message': str(exc)}))",
-        "else:",
-        "    print('RESULT ' + json.dumps(result))",
-    ])
-    proc = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=cluster.driver_env(**env),
-                          capture_output=True, text=True, timeout=timeout)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, f"driver printed no result (exit {proc.returncode}):\n{stderr_tail(proc.stderr)}"
-    return json.loads(lines[-1][len("RESULT "):])
+    with tracking_client(cluster) as c:
+        yield c
 
 
 @pytest.mark.old_end
@@ -171,50 +132,6 @@ def test_executors_that_cannot_reach_the_driver_fail_within_the_start_deadline(
     assert elapsed < 300, elapsed
 
 
-def test_mlflow_run_on_the_cluster_stores_everything_through_the_server(
-    cluster: Cluster, client: Any, tmp_path: Path
-) -> None:
-    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local",
-           "-P", "np=4", "-P", "epochs=2"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=cluster.driver_env(), capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, stderr_tail(proc.stderr)
-    (run,) = client.search_runs([client.get_experiment_by_name("Default").experiment_id],
-                                filter_string="params.epochs = '2' and params.np = '4'")
-    run_id = run.info.run_id
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["mlflow_hvd.spark_master"] == cluster.master_url
-    assert run.info.artifact_uri.startswith("mlflow-artifacts:")
-    assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == [0, 1]
-    ckpts = [a.path for a in client.list_artifacts(run_id, "checkpoints")]
-    assert ckpts == ["checkpoints/epoch_0", "checkpoints/epoch_1"]
-    # on the server's disk ...
-    stored = {p.name for p in cluster.artifact_root.rglob("*") if p.is_file()}
-    assert {"checkpoint.keras", "checkpoint_metrics.json", "MLmodel"} <= stored
-    # ... and on no worker's (their /tmp is private; the work dirs hold no model; the
-    # checkout and the Python environment, shared with the driver like an image, are not
-    # the node's own disk)
-    shared = [a for p in kept_under_tmp() for a in ("-path", str(p), "-prune", "-o")]
-    for node in cluster.node_ips:
-        found = cluster.run_in(node, "find", "/tmp", str(cluster.state / node), *shared,
-                               "(", "-name", "*.keras", "-o", "-name", "MLmodel", ")", "-print")
-        assert found.returncode == 0, found.stderr
-        assert found.stdout.strip() == "", (node, found.stdout)
-    (model_out,) = run.outputs.model_outputs
-    load = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, mlflow, numpy as np\n"
-         f"sys.path.insert(0, {str(REPO / 'examples')!r})\n"
-         "import digits_keras\n"
-         f"m = mlflow.pyfunc.load_model('models:/{model_out.model_id}')\n"
-         "_, _, x, y = digits_keras.load_data()\n"
-         "print('ACC', float((np.asarray(m.predict(x)).argmax(1) == y).mean()))\n"],
-        cwd=tmp_path, env=cluster.driver_env(), capture_output=True, text=True, timeout=300)
-    assert load.returncode == 0, load.stderr[-3000:]
-    accuracy = float(load.stdout.split("ACC")[-1])
-    assert accuracy > 0.5, accuracy
-
-
 class Driver(Program):
     """A driver subprocess whose output is read as it comes (to act mid-job), with deadlines;
     use it in a ``with`` block so that it and its ranks end on every exit path."""
@@ -247,11 +164,23 @@ def _no_rank_left(cluster: Cluster) -> None:
         assert cluster.rank_pids(node) == [], node
 
 
-def test_a_worker_node_lost_mid_job_fails_the_run_clearly(cluster: Cluster, client: Any,
-                                                          tmp_path: Path) -> None:
+def test_the_rendezvous_answers_only_the_jobs_hosts_and_a_node_lost_mid_job_fails_the_run(
+        cluster: Cluster, client: Any, tmp_path: Path) -> None:
+    """While 4 ranks on node-a and node-b hold their job, the rendezvous server answers a
+    job host and refuses (403) the driver's own host, which runs no rank. Then node-b dies:
+    the run fails naming it."""
     with Driver(cluster, "runner.run(workers.sleep_after_init)", tmp_path) as driver:
         for _ in range(4):  # every rank joined the job
-            driver.wait_for_line(" up", 240)
+            line = driver.wait_for_line(" up", 240)
+        host, port = line.rsplit("rendezvous at ", 1)[1].rsplit(":", 1)
+        assert host == cluster.driver_ip  # where it listens: the driver's address
+        ask = ("import http.client as h; c = h.HTTPConnection({!r}, {}, timeout=10); "
+               "c.request('GET', '/global/none'); print('STATUS', c.getresponse().status)")
+        job_host = cluster.run_in("node-a", sys.executable, "-c", ask.format(host, port))
+        assert "STATUS 404" in job_host.stdout, job_host.stderr  # answered: not there
+        stranger = subprocess.run([sys.executable, "-c", ask.format(host, port)],
+                                  capture_output=True, text=True, timeout=60)
+        assert "STATUS 403" in stranger.stdout, stranger.stderr
         t0 = time.monotonic()
         cluster.kill_node("node-b")
         try:

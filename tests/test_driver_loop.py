@@ -508,3 +508,36 @@ def test_an_environment_that_does_not_fit_a_host_is_one_error_naming_it() -> Non
     assert str(info.value).startswith(
         "the environment shipped to the executors does not fit node-b (task 1): python: "
         "expected 3.11.7, found 3.12.3. Pack it where")
+
+
+def test_an_executor_that_cannot_start_python_is_named_with_what_to_do() -> None:
+    """Spark's own words when an executor lacks the interpreter: the driver's
+    PYSPARK_PYTHON (nothing shipped), or the shipped venv's link to a missing base Python."""
+    import dataclasses
+
+    from mlflow_hvd.backends.spark.backend import summarize_spark_error
+    from mlflow_hvd.common.environment import current
+
+    def spark_says(program: str) -> RuntimeError:  # as pyspark 4.3 words a barrier stage's
+        return RuntimeError(
+            "An error occurred while calling o41.collectToPython.\n"
+            ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not "
+            "recover from a failed barrier ResultStage. Most recent failure reason: Stage "
+            "failed because barrier task ResultTask(0, 0) finished unsuccessfully.\n"
+            f"java.io.IOException: Cannot run program \"{program}\": error=2, No such file "
+            "or directory\n\tat java.base/java.lang.ProcessBuilder.start(ProcessBuilder.java)\n"
+            "Caused by: java.io.IOException: error=2, No such file or directory")
+
+    assert summarize_spark_error(spark_says("/srv/venv/bin/python")) == (
+        "an executor cannot start the Python interpreter /srv/venv/bin/python "
+        "(PYSPARK_PYTHON when the session started): it does not exist on that node. Ship the "
+        "driver's environment to the executors (HorovodRunner(ship_environment=True), mlflow "
+        "run ... -P ship_environment=true, or spark.archives from python -m "
+        "mlflow_hvd.cli.pack_env), or install the same environment at that path on every node")
+    shipped = dataclasses.replace(current(with_packages=False), base_python="/opt/py/bin/py3")
+    assert summarize_spark_error(spark_says("./environment/bin/python"), shipped) == (
+        "an executor cannot start the shipped environment's interpreter "
+        "./environment/bin/python: it is a link to /opt/py/bin/py3, which venv-pack does not "
+        "copy into the archive. Install that Python at that path on every node (the same "
+        "version: pyenv, a system package), or ship an environment that includes its "
+        "interpreter (conda-pack)")

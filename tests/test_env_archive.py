@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -168,14 +169,127 @@ def test_the_driver_reads_what_an_archive_needs_and_a_host_names_what_it_lacks(
 
 def test_a_task_not_running_the_shipped_interpreter_says_so_and_one_shipping_none_checks_nothing(
 ) -> None:
-    from mlflow_hvd.agent.spark_task import environment_differences
+    from mlflow_hvd.agent.host_check import environment_differences
     from mlflow_hvd.common.environment import current
-    from mlflow_hvd.protocol.job import JobSpec
 
-    job = JobSpec(np=1, payload=b"", secret=b"", driver_host="h", channel_port=1,
-                  rendezvous_port=1, job_id="j", description="d",
-                  environment=current(with_packages=False))
-    assert environment_differences(job) == (
+    assert environment_differences(current(with_packages=False)) == (
         f"interpreter: expected the shipped ./environment/bin/python, found {sys.executable} "
         "(PYSPARK_PYTHON was not the shipped one when the session started)",)
-    assert environment_differences(dataclasses.replace(job, environment=None)) == ()
+    assert environment_differences(None) == ()
+
+
+def test_horovods_extensions_are_loaded_once_per_executor_and_a_failure_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host check loads the shipped environment's extensions in a fresh interpreter
+    (here: this venv's, which has both), keeps the answer in the executor's working
+    directory for the other tasks, and names an extension that does not load."""
+    from mlflow_hvd.agent import host_check
+    from mlflow_hvd.common.environment import current
+    from mlflow_hvd.common.horovod_probe import load_extensions
+
+    shipped = current(with_packages=False)
+    assert set(shipped.extensions) == {"tensorflow", "torch"}
+    assert host_check.extension_failures(shipped, tmp_path) == ()
+    (kept,) = tmp_path.glob(".mlflow-hvd-extensions-*.json")
+    assert json.loads(kept.read_text()) == []
+
+    def must_not_load(*args: object) -> None:
+        raise AssertionError("loaded again: the executor's answer was not reused")
+
+    monkeypatch.setattr(host_check, "load_extensions", must_not_load)
+    assert host_check.extension_failures(shipped, tmp_path) == ()
+
+    ok, missing = load_extensions(("tensorflow", "nosuch"), 300)
+    assert ok.ok and ok.describe().startswith("Horovod 0.28.1 with Gloo and TensorFlow 2.")
+    assert not missing.ok
+    assert missing.describe() == ("horovod.nosuch does not load: ModuleNotFoundError: No "
+                                  "module named 'horovod.nosuch'")
+    monkeypatch.setattr(host_check, "load_extensions",
+                        lambda names, timeout: (missing,) if names == ("nosuch",) else ())
+    odd = dataclasses.replace(shipped, extensions=("nosuch",))
+    assert host_check.extension_failures(odd, tmp_path) == (
+        "Horovod's nosuch extension: horovod.nosuch does not load: ModuleNotFoundError: No "
+        "module named 'horovod.nosuch'",)
+
+
+def test_an_interpreter_that_cannot_start_reports_every_extension_as_not_loaded(
+        tmp_path: Path) -> None:
+    from mlflow_hvd.common.horovod_probe import load_extensions
+
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'no base interpreter here' >&2\nexit 127\n")
+    broken.chmod(0o755)
+    (check,) = load_extensions(("tensorflow",), 60, python=str(broken))
+    assert not check.ok
+    assert check.describe() == ("horovod.tensorflow does not load: the interpreter exited "
+                                "127: no base interpreter here")
+
+
+class _FakeContext:
+    """Just enough of a SparkContext for the preparation stage's driver-side logic: what
+    its tasks answer (or that they never answer) is given."""
+
+    def __init__(self, answers: list[tuple[str, list[str]]] | Exception | None) -> None:
+        self.applicationId = f"app-{id(self)}"
+        self.answers, self.cancelled, self.stages = answers, [], 0
+        self.release = threading.Event()
+
+    def setJobGroup(self, group: str, description: str, interruptOnCancel: bool) -> None:
+        self.group = group
+
+    def cancelJobGroup(self, group: str) -> None:
+        self.cancelled.append(group)
+        self.release.set()
+
+    def parallelize(self, items: range, slices: int) -> _FakeContext:
+        self.stages += 1
+        return self
+
+    def mapPartitions(self, fn: object) -> _FakeContext:
+        return self
+
+    def collect(self) -> list[tuple[str, list[str]]]:
+        if isinstance(self.answers, Exception):
+            raise self.answers
+        if self.answers is None:  # an executor still unpacking
+            self.release.wait(30)
+            raise RuntimeError("cancelled")
+        return self.answers
+
+
+def test_executors_unpack_a_shipped_environment_once_under_its_own_deadline() -> None:
+    from mlflow_hvd.backends.spark.environment import prepare_executors
+    from mlflow_hvd.common.environment import current
+    from mlflow_hvd.errors import BackendError, EnvironmentArchiveError
+
+    shipped = current(with_packages=False)
+    ready = _FakeContext([("node-a", []), ("node-b", [])])
+    prepare_executors(ready, shipped, 4, 10)
+    prepare_executors(ready, shipped, 4, 10)
+    assert ready.stages == 1  # once per application and environment
+
+    unfit = _FakeContext([("node-a", []), ("node-b", ["python: expected 3.11.7, found 3.12.1"])])
+    with pytest.raises(EnvironmentArchiveError) as info:
+        prepare_executors(unfit, shipped, 4, 10)
+    assert str(info.value) == (
+        "the environment shipped to the executors does not fit node-b: python: expected "
+        "3.11.7, found 3.12.1. Pack it where the executors' Python and platform are the same "
+        "(python -m mlflow_hvd.cli.pack_env), or give the nodes that interpreter")
+
+    stuck = _FakeContext(None)
+    with pytest.raises(BackendError) as info:
+        prepare_executors(stuck, shipped, 4, 0.2)
+    assert stuck.cancelled == [stuck.group]  # the stage is cancelled, not left running
+    assert str(info.value).startswith(
+        "the executors did not fetch, unpack and check the shipped environment within 0.2s "
+        "(environment_timeout): raise HorovodRunner(environment_timeout=...)")
+
+    no_base = _FakeContext(RuntimeError(
+        'Job aborted due to stage failure: ...\njava.io.IOException: Cannot run program '
+        '"./environment/bin/python": error=2, No such file or directory'))
+    with pytest.raises(BackendError) as info:
+        prepare_executors(no_base, shipped, 4, 10)
+    assert str(info.value).startswith(
+        "preparing the shipped environment failed: an executor cannot start the shipped "
+        f"environment's interpreter ./environment/bin/python: it is a link to "
+        f"{shipped.base_python}, which venv-pack does not copy")

@@ -173,12 +173,12 @@ def test_the_lifecycle_log_follows_a_job_and_reaches_the_ranks(
     # the load the job put on the driver's servers
     load = re.fullmatch(
         rf"{job}: the channel handled (\d+) connections \((\d+) open at most\) and (\d+) "
-        r"messages; the rendezvous server (\d+) requests in [\d.]+s \((\d+) not there yet\), "
-        r"([\d.]+) MiB sent", said[-1])
+        r"messages; the rendezvous server (\d+) requests in [\d.]+s \((\d+) not there yet, "
+        r"(\d+) refused\), ([\d.]+) MiB sent", said[-1])
     assert load, said[-1]
     connections, most, messages, requests = (int(load[i]) for i in range(1, 5))
     assert connections == 2 and 1 <= most <= 2 and messages >= 3  # 2 started, a value
-    assert requests == 0  # nobody called hvd.init()
+    assert requests == 0 and load[6] == "0"  # nobody called hvd.init(), nobody refused
 
 
 def test_a_bad_log_level_names_the_variable() -> None:

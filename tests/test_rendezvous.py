@@ -13,8 +13,9 @@ from mlflow_hvd.driver import rendezvous as rdv
 from mlflow_hvd.driver.rendezvous import Rendezvous
 
 
-def _call(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+def _call(port: int, method: str, path: str, body: bytes | None = None,
+          host: str = "127.0.0.1") -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
         conn.request(method, path, body=body)
         response = conn.getresponse()
@@ -76,3 +77,51 @@ def test_a_channel_that_cannot_listen_leaves_no_rendezvous_server_behind(
     with pytest.raises(OSError, match="Address already in use"):
         generation.Generation(2, object(), "127.0.0.1", warm=False)  # type: ignore[arg-type]
     assert not [t for t in threading.enumerate() if t.name == "mlflow-hvd-rendezvous"]
+
+
+def _outside_address() -> str:
+    """An address of this machine that is not loopback (where a neighbour would connect)."""
+    from mlflow_hvd.driver.rendezvous import local_addresses
+
+    found = sorted(a for a in local_addresses() if ":" not in a and not a.startswith("127."))
+    assert found, "this machine has no non-loopback IPv4 address to test with"
+    return found[0]
+
+
+def test_a_local_jobs_server_listens_on_loopback_only() -> None:
+    """The store has no authentication: a local job's is not reachable from the network."""
+    server = Rendezvous(2, "127.0.0.1")
+    try:
+        assert _call(server.port, "PUT", "/global/1", b"x")[0] == 200
+        with pytest.raises(ConnectionRefusedError):
+            _call(server.port, "GET", "/global/1", host=_outside_address())
+    finally:
+        server.stop()
+
+
+def test_a_spark_jobs_server_answers_only_the_hosts_of_its_layout(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Before the layout nobody is answered; then the layout's hosts are, and everyone
+    else gets 403, is counted and named in the lifecycle log."""
+    from mlflow_hvd.protocol.messages import LayoutReport, RankSlot
+
+    here = _outside_address()
+    server = Rendezvous(2, here)
+    try:
+        assert _call(server.port, "GET", "/global/1", host=here)[0] == 403  # no layout yet
+        elsewhere = (RankSlot("198.51.100.99", 0, 0, 0, 1, 1, 1),)
+        assert server.on_layout(LayoutReport(0, elsewhere)) is None
+        with caplog.at_level("WARNING", logger="mlflow_hvd.driver.rendezvous"):
+            assert _call(server.port, "PUT", "/global/1", b"evil", host=here) == (403, b"")
+        assert f"refused a request from {here}, not a host of this job" in caplog.text
+        stats = server.stats()
+        assert (stats.refused, stats.requests) == (2, 0)  # nothing reached the store
+    finally:
+        server.stop()
+    server = Rendezvous(2, here)
+    try:  # a task on this machine: its ranks may connect from any of its addresses
+        assert server.on_layout(LayoutReport(0, (RankSlot(here, 0, 0, 0, 1, 1, 1),))) is None
+        assert _call(server.port, "PUT", "/global/1", b"ok", host=here)[0] == 200
+        assert server.stats().refused == 0
+    finally:
+        server.stop()

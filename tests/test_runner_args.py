@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from pathlib import Path
 
 import pytest
 import workers
@@ -148,3 +149,36 @@ def test_a_spark_session_that_never_starts_fails_within_start_timeout(
             runner.run(workers.echo)
     finally:
         hung.set()
+
+
+def test_a_session_shipping_an_environment_gets_the_unpacking_allowance_too(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """Spark unpacks spark.archives on the driver as its context starts: the boot waits
+    start_timeout + environment_timeout, and says so when even that passes."""
+    from mlflow_hvd.backends.spark import session
+
+    archive = tmp_path / "env.tar.gz"
+    archive.write_bytes(b"")
+    hung = threading.Event()
+    shipped: list[str | None] = []
+
+    def unpacking(master: str, archive: str | None) -> None:
+        shipped.append(archive)
+        hung.wait(60)
+
+    monkeypatch.setattr(session, "resolve_master",
+                        lambda np, master, timeout: (None, "spark://m:7077"))
+    monkeypatch.setattr(session, "new_session", unpacking)
+    runner = HorovodRunner(np=2, track=False, start_timeout=0.3, environment_timeout=0.4,
+                           ship_environment=str(archive))
+    try:
+        with pytest.raises(BackendError, match=(
+            r"^the SparkSession on spark://m:7077 did not start within 0.3s \(start_timeout\) "
+            r"\+ 0.4s \(environment_timeout: Spark unpacks the shipped environment on the "
+            r"driver too\): "
+        )):
+            runner.run(workers.echo)
+    finally:
+        hung.set()
+    assert shipped == [str(archive)]

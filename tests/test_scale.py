@@ -90,7 +90,8 @@ def test_the_rendezvous_of_32_ranks_is_served_and_counted(
     assert result["requests"] in sent
     (load,) = [r.getMessage() for r in caplog.records if "rendezvous server" in r.getMessage()]
     served = re.search(
-        r"the rendezvous server (\d+) requests in [\d.]+s \((\d+) not there yet\)", load)
+        r"the rendezvous server (\d+) requests in [\d.]+s \((\d+) not there yet, "
+        r"0 refused\)", load)
     assert served, load
     assert int(served[1]) == sum(sent)
     # ranks arrive over a second: without held requests the early ones would ask for

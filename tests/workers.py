@@ -321,7 +321,9 @@ def sleep_after_init(seconds: float = 600.0) -> None:
     print(f"rank {hvd.rank()} idling", flush=True)
     import mlflow_hvd
 
-    mlflow_hvd.log_to_driver(f"rank {hvd.rank()} up")
+    where = (os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
+             os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
+    mlflow_hvd.log_to_driver(f"rank {hvd.rank()} up; rendezvous at {':'.join(where)}")
     time.sleep(seconds)
 
 

@@ -13,22 +13,19 @@ import dataclasses
 import ipaddress
 import json
 import logging
-import os
 import socket
 import struct
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from mlflow_hvd.agent import run_worker, staged_payload, worker_launch
+from mlflow_hvd.agent.host_check import environment_differences
 from mlflow_hvd.agent.task_feed import fed_shards
 from mlflow_hvd.common import logs
-from mlflow_hvd.common.environment import current
 from mlflow_hvd.common.layout import Devices, assign_slots, visible_devices
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.channel import ChannelClient
-from mlflow_hvd.protocol.environment import FINGERPRINT_FILE, SHIPPED_PYTHON
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import EnvironmentMismatch, Launch, LayoutReport, RankSlot
 
@@ -96,7 +93,7 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[Any]], Iterator[Any]]:
         slots = assign_slots([info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()])
         client = ChannelClient(job.driver_host, job.channel_port, job.secret, job.channel_timeout)
         try:
-            differences = environment_differences(job)
+            differences = environment_differences(job.environment)
             if differences:  # the driver fails the job on the first of these
                 client.send(EnvironmentMismatch(partition, socket.gethostname(), differences))
                 yield _exit_code_batch(pa, EXIT_NOT_LAUNCHED)
@@ -109,21 +106,6 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[Any]], Iterator[Any]]:
         yield _exit_code_batch(pa, code)
 
     return run_task
-
-
-def environment_differences(job: JobSpec) -> tuple[str, ...]:
-    """What this task's interpreter lacks of the environment the job shipped (nothing when
-    it shipped none): checked before any rank starts, so a wrong archive is one error
-    naming the host, not an ImportError inside a rank."""
-    if job.environment is None:
-        return ()
-    found = current(with_packages=False)
-    differences = job.environment.differences(found)
-    if not os.path.isfile(os.path.join(sys.prefix, FINGERPRINT_FILE)):
-        differences.insert(0, f"interpreter: expected the shipped {SHIPPED_PYTHON}, found "
-                              f"{sys.executable} (PYSPARK_PYTHON was not the shipped one "
-                              "when the session started)")
-    return tuple(differences)
 
 
 def _exit_code_batch(pa: Any, code: int) -> Any:

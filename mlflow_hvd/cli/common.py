@@ -127,8 +127,39 @@ def add_runner_options(p: argparse.ArgumentParser) -> None:
         help="restart a failed job (each sweep trial) up to N times, resuming from its "
         "latest checkpoint (default 0)",
     )
+    p.add_argument(
+        "--ship-environment",
+        default="auto",
+        help="ship a Python environment to executors that lack it (spark.archives): "
+        "'auto' (default) ships the environment `mlflow run` created, not a user's own; "
+        "'true' packs this venv; 'false' ships nothing; or the path of an archive "
+        "(python -m mlflow_hvd.cli.pack_env). Never applied on local[...] masters",
+    )
 
 
 def runner_options(args: argparse.Namespace) -> dict[str, Any]:
     """HorovodRunner keyword arguments from :func:`add_runner_options`' flags."""
-    return {"spark_master": args.spark_master, "max_failures": args.max_failures}
+    return {"spark_master": args.spark_master, "max_failures": args.max_failures,
+            "ship_environment": ship_choice(args.ship_environment)}
+
+
+def ship_choice(text: str) -> bool | str:
+    """``HorovodRunner(ship_environment=...)`` for ``--ship-environment``: ``auto`` ships
+    an environment MLflow's environment manager created (the executors of a cluster cannot
+    have it: it was made on the driver for this run), and leaves a user's own environment
+    to the nodes' image; ``true``/``false``; anything else is an archive's path (checked by
+    the runner).
+
+    Raises:
+        ConfigurationError: Neither of the words nor an existing archive.
+    """
+    lowered = text.strip().lower()
+    if lowered == "auto":
+        from mlflow_hvd.cli.project_env import mlflow_managed
+
+        return mlflow_managed()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    from mlflow_hvd.driver.options import check_ship_environment
+
+    return check_ship_environment(text)

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mlflow_hvd.common import cache, compat
+from mlflow_hvd.common.horovod_probe import load_extensions
 from mlflow_hvd.errors import InstallError, MlflowHvdError, UnsupportedVersionError
 
 VERSION = compat.HOROVOD.low
@@ -243,31 +244,18 @@ def wheel_in(directory: Path) -> Path:
 
 def verify(torch: bool = False, timeout: float = CHECK_TIMEOUT) -> str:
     """Load Horovod's TensorFlow extension (and, with ``torch``, its PyTorch one) in a fresh
-    interpreter, as a rank will, and check each has Gloo; returns what it reported."""
-    report = _probe("tensorflow", "tensorflow", timeout)
-    if torch:
-        report += " and " + _probe("torch", "torch", timeout).split(" and ", 1)[1]
-    return report
+    interpreter, as a rank will, and check each has Gloo; returns what it reported.
 
-
-def _probe(framework: str, module: str, timeout: float) -> str:
-    probe = (f"import horovod, horovod.{framework} as hvd, {module} as fw; "
-             "print(horovod.__version__, fw.__version__, hvd.gloo_built(), hvd.mpi_built())")
-    name = "PyTorch" if framework == "torch" else "TensorFlow"
-    try:
-        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                              timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise InstallError(f"importing horovod.{framework} took over {timeout:.0f}s") from None
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise InstallError(f"horovod.{framework} does not load here:\n{tail}\n"
-                                f"Rebuild it: {compat.HOROVOD_COMMAND} --rebuild")
-    hv, version, gloo, _mpi = done.stdout.split()[-4:]
-    if gloo != "True":
-        raise InstallError(f"Horovod {hv} here was built without Gloo, which the runner "
-                                f"needs. Rebuild it: {compat.HOROVOD_COMMAND} --rebuild")
-    return f"Horovod {hv} with Gloo and {name} {version}"
+    Raises:
+        InstallError: An extension does not load or lacks Gloo, with how to rebuild.
+    """
+    checks = load_extensions(("tensorflow", "torch") if torch else ("tensorflow",), timeout)
+    for check in checks:
+        if not check.ok:
+            raise InstallError(f"{check.describe()}. Rebuild it: {compat.HOROVOD_COMMAND} "
+                               "--rebuild")
+    first, *rest = [c.describe() for c in checks]
+    return " and ".join([first, *(r.split(" and ", 1)[1] for r in rest)])
 
 
 def ensure(rebuild: bool = False) -> tuple[bool, str]:

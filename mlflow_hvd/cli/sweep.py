@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 spec = json.load(f)
         space = space_from_json(spec)
         train = load_function(args.train)
+        options = runner_options(args)
     except (ConfigurationError, OSError, json.JSONDecodeError) as exc:
         print(f"invalid sweep parameters: {exc}", file=sys.stderr)
         return 2
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             "epochs": args.epochs,
             **({"log_every_n_steps": args.log_every_n_steps} if args.log_every_n_steps else {}),
         },
-        runner_options=runner_options(args),
+        runner_options=options,
         warm=args.warm == "true",
         prune=None if args.prune == "none" else args.prune,
         grace_epochs=args.grace_epochs,

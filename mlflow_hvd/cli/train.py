@@ -30,6 +30,7 @@ from mlflow_hvd.cli.common import (
     load_function,
     prepare_environment,
     runner_options,
+    ship_choice,
     use_default_store,
     whole_number,
 )
@@ -87,6 +88,10 @@ def validate(args: argparse.Namespace) -> list[str]:
         problems.append(f"max_failures={args.max_failures}: must be 0 (no restart) or more")
     if not args.learning_rate > 0:
         problems.append(f"learning_rate={args.learning_rate}: must be a positive number")
+    try:
+        ship_choice(args.ship_environment)
+    except ConfigurationError as exc:
+        problems.append(f"ship_environment={args.ship_environment!r}: {exc}")
     if args.data != "digits" and not os.path.exists(args.data) and (
             os.sep in args.data or "://" in args.data):
         problems.append(
@@ -105,9 +110,13 @@ def read_frames(args: argparse.Namespace, train: Any) -> tuple[dict[str, Any], A
     """
     import inspect
 
-    from mlflow_hvd.backends.spark.session import get_or_create_session
+    from mlflow_hvd.backends.spark.boot import SessionBoot
 
-    spark = get_or_create_session(max(args.np, 1), runner_options(args).get("spark_master"))
+    options = runner_options(args)
+    # the session the job will run on, shipping the environment as the runner would
+    boot = SessionBoot(max(args.np, 1), options["spark_master"], 30.0,
+                       options["ship_environment"] if args.np > 0 else False)
+    spark = boot.session(timeout=120.0)
     source = args.data
     try:
         if os.path.exists(source):

@@ -136,14 +136,14 @@ def pack_environment(cache: Path | None = None, compress_level: int = 1
     digest = digest_of(fingerprint, sources)
     where = cache or cache_dir()
     where.mkdir(parents=True, exist_ok=True)
-    path = where / f"env-{digest[:16]}.tar.gz"
+    path = where / f"env-{digest[:16]}{suffix(compress_level)}"
     if path.exists():
         os.utime(path)  # the newest archives are the ones kept
         return PackedEnvironment(str(path), digest, path.stat().st_size, 0.0, True,
                                  fingerprint)
     start = time.monotonic()
     _pack(path, site, fingerprint, sources, compress_level)
-    keep_newest(where, "env-*.tar.gz", KEEP)
+    keep_newest(where, "env-*.tar*", KEEP)
     return PackedEnvironment(str(path), digest, path.stat().st_size,
                              time.monotonic() - start, False, fingerprint)
 
@@ -171,10 +171,16 @@ def _pack(path: Path, site: str, fingerprint: EnvironmentFingerprint,
         # first in the archive: the driver reads it without decompressing the rest
         env.files = [venv_pack.File(str(record), FINGERPRINT_FILE), *files]
         partial = Path(tmp) / path.name
-        env.pack(output=str(partial), format="tar.gz", compress_level=compress_level,
-                 force=True)
+        env.pack(output=str(partial), format="tar.gz" if compress_level else "tar",
+                 compress_level=compress_level, force=True)
         partial.chmod(0o644)  # venv-pack writes through mkstemp (0600)
         os.replace(partial, path)
+
+
+def suffix(compress_level: int) -> str:
+    """An archive's ending: gzip levels 1-9 make ``.tar.gz``, 0 a plain ``.tar`` (Spark
+    unpacks both)."""
+    return ".tar.gz" if compress_level else ".tar"
 
 
 def _editable_hook(target: str) -> bool:

@@ -116,7 +116,7 @@ class Generation:
         self._waiting: set[int] = set()  # ranks whose AwaitJob is open
         self._handed = 0  # jobs handed out after the first: a waiting rank's ticket
         ensure_open_files(np)
-        self.rendezvous = Rendezvous(np)
+        self.rendezvous = Rendezvous(np, driver_host)
         self._route = message_router(self.events, self.rendezvous, self._undelivered,
                                      self.tasks, self._fed)
         answer = request_router(
@@ -277,10 +277,11 @@ def log_load(what: str, channel: ChannelStats, rendezvous: RendezvousStats) -> N
     """The lifecycle log's account of what a generation's ranks asked of the driver's
     servers."""
     log.info("%s: the channel handled %d connections (%d open at most) and %d messages; "
-             "the rendezvous server %d requests in %.1fs (%d not there yet), %.1f MiB sent",
+             "the rendezvous server %d requests in %.1fs (%d not there yet, %d refused), "
+             "%.1f MiB sent",
              what, channel.connections, channel.max_open, channel.messages,
              rendezvous.requests, rendezvous.seconds, rendezvous.not_found,
-             rendezvous.bytes_sent / 2**20)
+             rendezvous.refused, rendezvous.bytes_sent / 2**20)
 
 
 def open_channel(

@@ -33,6 +33,7 @@ class RunnerOptions:
     # the environment shipped with a session the runner builds: False (none), True (this
     # venv, packed and cached) or an archive's path
     ship_environment: bool | str = False
+    environment_timeout: float = 600.0  # executors fetch, unpack and check a shipped one
 
 
 def runner_options(
@@ -55,6 +56,7 @@ def runner_options(
     tracking_env: Sequence[str],
     data_compression: str | None = None,
     ship_environment: bool | str = False,
+    environment_timeout: float = 600.0,
     environ: Mapping[str, str] = os.environ,
 ) -> RunnerOptions:
     """``HorovodRunner``'s keyword arguments (see its docstring), checked.
@@ -84,14 +86,20 @@ def runner_options(
         tracking_env=_env_names("tracking_env", tracking_env),
         max_failures=check_positive_int("max_failures", max_failures, 0),
         data_compression=_compression(data_compression),
-        ship_environment=_ship(ship_environment),
+        ship_environment=check_ship_environment(ship_environment),
+        environment_timeout=check_seconds("environment_timeout", environment_timeout),
     )
 
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")  # what spark.archives unpacks
 
 
-def _ship(value: Any) -> bool | str:
+def check_ship_environment(value: Any) -> bool | str:
+    """``ship_environment`` checked: a bool, or an existing archive's absolute path.
+
+    Raises:
+        ConfigurationError: Anything else, naming what it takes.
+    """
     if isinstance(value, bool):
         return value
     if isinstance(value, str | os.PathLike):

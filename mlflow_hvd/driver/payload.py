@@ -1,4 +1,5 @@
-"""What every rank runs: ``main`` and its kwargs, cloudpickled once on the driver.
+"""What every rank runs: ``main`` and its kwargs, checked against ``main``'s signature and
+cloudpickled once on the driver.
 
 Functions defined in the user's own modules (a script, its helpers, a notebook's project)
 are pickled by value, because Spark executors cannot import them.
@@ -6,7 +7,9 @@ are pickled by value, because Spark executors cannot import them.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 import os
 import pickle
 import sys
@@ -93,3 +96,45 @@ def _is_user_path(path: str) -> bool:
 @functools.lru_cache(maxsize=1)
 def _stdlib() -> str:
     return os.path.realpath(sysconfig.get_paths()["stdlib"])
+
+
+def check_call(main: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Refuses, on the driver, a ``main`` that is not callable or whose signature does not
+    accept ``kwargs``: names it does not take (with the closest parameter) and required
+    parameters missing, all in one message.
+
+    Raises:
+        ConfigurationError: Naming ``main`` and the arguments.
+    """
+    if not callable(main):
+        raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
+    try:
+        signature = inspect.signature(main)
+    except (TypeError, ValueError):  # a callable Python cannot describe: ranks will tell
+        return
+    params = signature.parameters
+    by_keyword = {n for n, p in params.items()
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    problems = []
+    for name in kwargs:
+        if name not in by_keyword and not (takes_any and name not in params):
+            close = difflib.get_close_matches(name, sorted(by_keyword), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"it takes no argument {name!r}{hint}")
+    missing = [n for n, p in params.items() if p.default is p.empty
+               and (n not in kwargs or n not in by_keyword)
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if missing:
+        problems.append(f"it needs {', '.join(map(repr, missing))}")
+    if problems:
+        plain = signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in params.values()],
+            return_annotation=signature.empty)
+        raise ConfigurationError(
+            f"run({_fn_name(main)}, ...): {'; '.join(problems)}: main{plain}. run(main, "
+            "**kwargs) calls main(**kwargs) on every rank")
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__

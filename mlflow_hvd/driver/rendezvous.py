@@ -17,10 +17,18 @@ would fill the server with thousands of "not yet" answers per second while they 
 the late ones. Our handler (a subclass of horovod's, same protocol) holds such a request
 until the key arrives or :data:`HOLD_SECONDS` pass: one request per awaited key instead of a
 hundred per second.
+
+The store has no authentication (horovod's C++ Gloo client cannot send any), and every rank
+trusts the addresses it reads there. So the server listens where the job's channel does
+(loopback for local ranks, the driver's address for Spark) and answers only the job's
+hosts: loopback for a local job; for Spark, the addresses of the hosts in the layout the
+barrier tasks report (and this machine's own addresses when a task runs here). Anyone else
+gets 403, is counted, and is named in the lifecycle log.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import threading
@@ -50,6 +58,7 @@ class RendezvousStats:
     not_found: int  # answered "not there yet" after holding
     bytes_sent: int  # values returned by GETs
     seconds: float  # from the first request's arrival to the last answer
+    refused: int = 0  # connections from hosts that are not the job's (answered 403)
 
 
 class _Keys:
@@ -61,6 +70,7 @@ class _Keys:
         self.requests = 0
         self.not_found = 0
         self.bytes_sent = 0
+        self.refused = 0
         self.first = self.last = 0.0
 
     def arrived(self) -> None:
@@ -77,7 +87,7 @@ class _Keys:
     def stats(self) -> RendezvousStats:
         with self.cond:
             return RendezvousStats(self.requests, self.not_found, self.bytes_sent,
-                                   self.last - self.first)
+                                   self.last - self.first, self.refused)
 
 
 def _handler_for(keys: _Keys) -> type[RendezvousHandler]:
@@ -121,19 +131,75 @@ def _handler_for(keys: _Keys) -> type[RendezvousHandler]:
     return Handler
 
 
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
+FORBIDDEN = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+def local_addresses() -> frozenset[str]:
+    """Every address of this machine's interfaces, loopback included."""
+    import psutil
+
+    found = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values()
+             for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)}
+    return frozenset(found | LOOPBACK)
+
+
+def host_addresses(hostnames: set[str]) -> frozenset[str]:
+    """The addresses the ranks on ``hostnames`` connect from: each name's own addresses,
+    and all of this machine's when one of them is here (a rank connecting to a local
+    address may use any of them as its source)."""
+    found: set[str] = set()
+    for name in hostnames:
+        try:
+            found |= {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
+        except OSError:
+            log.warning("rendezvous: the job's host %s does not resolve; its ranks will be "
+                        "refused", name)
+    here = local_addresses()
+    if found & here or any(ipaddress.ip_address(a).is_loopback for a in found):
+        found |= here
+    return frozenset(found)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return bool(host) and ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
 class _Server(RendezvousHTTPServer):
-    """horovod's server, listening for a whole job and serving from a pool of threads."""
+    """horovod's server, listening for a whole job and serving from a pool of threads,
+    to the clients ``admitted`` (a set of addresses, replaced once the layout is known)."""
 
     request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, handler: type[RendezvousHandler], threads: int) -> None:
-        super().__init__(("", 0), handler, 0)
+    def __init__(self, handler: type[RendezvousHandler], threads: int, bind_host: str,
+                 keys: _Keys, admitted: frozenset[str]) -> None:
+        super().__init__((bind_host, 0), handler, 0)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mlflow-hvd-rdv")
+        self._keys = keys
+        self.admitted = admitted
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        if client_address[0] not in self.admitted:
+            self._refuse(request, client_address[0])
+            return
         try:
             self._pool.submit(self.process_request_thread, request, client_address)
         except RuntimeError:  # shutting down
+            self.shutdown_request(request)
+
+    def _refuse(self, request: Any, address: str) -> None:
+        with self._keys.cond:
+            self._keys.refused += 1
+        log.warning("rendezvous: refused a request from %s, not a host of this job", address)
+        try:
+            request.settimeout(1.0)
+            request.sendall(FORBIDDEN)
+        except OSError:
+            pass  # the stranger went away: nothing of the job's is lost
+        finally:
             self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -164,11 +230,19 @@ class Rendezvous:
     Args:
         size: The number of ranks. Each may hold one request while it waits for a key, so
             the server has a thread for each, and some for the requests that answer them.
+        bind_host: The address it listens on: the channel's (loopback for local ranks).
+            When it is not an address of this machine (behind NAT), every interface.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, bind_host: str = "127.0.0.1") -> None:
         self._keys = _Keys()
-        self._server = _Server(_handler_for(self._keys), threads=size + 16)
+        # a local job's ranks are here; a Spark job's hosts are known from its layout
+        admitted = LOOPBACK if _is_loopback(bind_host) else frozenset()
+        handler = _handler_for(self._keys)
+        try:
+            self._server = _Server(handler, size + 16, bind_host, self._keys, admitted)
+        except OSError:
+            self._server = _Server(handler, size + 16, "", self._keys, admitted)
         self._server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -187,6 +261,8 @@ class Rendezvous:
         with self._lock:
             if self.slots is None:
                 self.slots = report.slots
+                if self._server.admitted != LOOPBACK:
+                    self._server.admitted = host_addresses({s.hostname for s in report.slots})
                 self._server.init(to_slot_infos(report.slots))
                 return None
             if report.slots == self.slots:

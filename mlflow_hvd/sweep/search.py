@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlflow_hvd.common.options import check_positive_int
+from mlflow_hvd.driver.payload import check_call
 from mlflow_hvd.driver.signals import sigterm_interrupts
 from mlflow_hvd.driver.tracking.run import store_lock
 from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
-from mlflow_hvd.runner import HorovodRunner, check_call
+from mlflow_hvd.runner import HorovodRunner
 from mlflow_hvd.sweep.plot import plot_losses
 from mlflow_hvd.sweep.pruning import Rule, describe, make_rule
 from mlflow_hvd.sweep.space import plain, validate_space

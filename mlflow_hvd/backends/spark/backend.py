@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 from typing import Any
 
 from mlflow_hvd.agent.spark_task import RESULT_SCHEMA, barrier_task
+from mlflow_hvd.backends.spark.environment import prepare_executors
+from mlflow_hvd.backends.spark.failures import summarize_spark_error
 from mlflow_hvd.backends.spark.session import (
     check_barrier_supported,
     check_executor_env,
@@ -32,21 +33,27 @@ class SparkBackend:
 
     name = "spark"
 
-    def __init__(self, spark: Any, slot_timeout: float = 30.0, frame: Any = None) -> None:
+    def __init__(self, spark: Any, slot_timeout: float = 30.0, frame: Any = None,
+                 environment_timeout: float = 600.0) -> None:
         self._spark = spark
         self._frame = frame  # the job's data, in exactly np partitions (None: no data)
         self._sc = spark.sparkContext
         self._slot_timeout = slot_timeout
+        self._environment_timeout = environment_timeout
         self._thread: threading.Thread | None = None
         self._job_id: str | None = None
 
     def start(self, job: JobSpec, sink: Sink) -> None:
         check_barrier_supported(self._sc.getConf())
         check_executor_env(self._sc.getConf())
-        wait_for_slots(self._sc, job.np, self._slot_timeout)
+        slots = wait_for_slots(self._sc, job.np, self._slot_timeout)
         self._job_id = job.job_id
-        # an environment shipped with the session: every task checks it fits its host
-        job = dataclasses.replace(job, environment=shipped_environment(self._sc.getConf()))
+        # an environment shipped with the session: unpacked on every executor first (not
+        # against the start deadline), and every task checks it fits its host
+        environment = shipped_environment(self._sc.getConf())
+        if environment is not None:
+            prepare_executors(self._sc, environment, slots, self._environment_timeout)
+        job = dataclasses.replace(job, environment=environment)
         self._thread = threading.Thread(
             target=self._submit,
             args=(job, sink),
@@ -63,7 +70,7 @@ class SparkBackend:
                      else self._spark.range(0, job.np, 1, job.np))
             frame.mapInArrow(barrier_task(job), RESULT_SCHEMA, barrier=True).collect()
         except Exception as exc:
-            sink(BackendFinished(error=summarize_spark_error(exc)))
+            sink(BackendFinished(error=summarize_spark_error(exc, job.environment)))
         else:
             sink(BackendFinished())
 
@@ -86,27 +93,3 @@ class SparkBackend:
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name, "spark_master": str(self._sc.master)}
-
-
-def summarize_spark_error(exc: BaseException) -> str:
-    """The useful line of a Spark job failure: the Python error raised in the task if any.
-
-    A failing task surfaces on the driver as a Py4JJavaError whose first line only says
-    ``An error occurred while calling ...collectAndServe``; the task's own Python error is a
-    line like ``ValueError: ...`` inside the embedded traceback.
-    """
-    text = str(exc)
-    python_errors = [
-        line.strip()
-        for line in text.splitlines()
-        if re.match(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", line)
-        and not line.strip().startswith(("at ", "org.apache", "py4j", "java."))
-    ]
-    if python_errors:
-        return python_errors[-1]
-    for line in text.splitlines():  # why Spark gave up, e.g. a lost executor or worker
-        at = line.find("Job aborted due to stage failure:")
-        if at >= 0:
-            return line[at:].strip()[:1000]
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return f"{type(exc).__name__}: {first}"

@@ -31,9 +31,13 @@ class SessionBoot:
     """
 
     def __init__(self, np: int, spark_master: str | None, probe_timeout: float,
-                 ship_environment: bool | str = False) -> None:
+                 ship_environment: bool | str = False,
+                 environment_timeout: float = 600.0) -> None:
         self.np, self.spark_master, self.probe_timeout = np, spark_master, probe_timeout
         self.ship_environment = ship_environment
+        # a shipped archive is unpacked by the driver too while its context starts
+        self.environment_timeout = environment_timeout
+        self._unpacking = False  # the session booting ships an archive
         self._chosen: tuple[Any, str] | None = None  # (active session or None, master)
         self._booting: Future[Any] | None = None  # a new session starting
 
@@ -66,6 +70,7 @@ class SessionBoot:
         from mlflow_hvd.backends.spark.session import new_session
 
         archive = environment_archive(self.ship_environment, master)
+        self._unpacking = archive is not None
         booting: Future[Any] = Future()
 
         def boot() -> None:
@@ -89,15 +94,20 @@ class SessionBoot:
         booting = self._booting
         if booting is None:
             return self.choice()[0]
+        # Spark unpacks spark.archives on the driver as well (SparkFiles) before the
+        # context is up: a shipped environment's gigabytes get their own allowance
+        extra = self.environment_timeout if self._unpacking else 0.0
         try:
-            session = booting.result(timeout=timeout)
+            session = booting.result(timeout=timeout + extra)
             self._chosen = (session, self.choice()[1])  # active from now on
             return session
         except FutureTimeout:
+            allowance = (f" + {extra:g}s (environment_timeout: Spark unpacks the shipped "
+                         "environment on the driver too)" if extra else "")
             raise BackendError(
                 f"the SparkSession on {self.choice()[1]} did not start within {timeout:g}s "
-                "(start_timeout): Spark's JVM is hung or very slow to start; check "
-                "JAVA_HOME and Spark's driver log, or raise start_timeout"
+                f"(start_timeout){allowance}: Spark's JVM is hung or very slow to start; "
+                "check JAVA_HOME and Spark's driver log, or raise start_timeout"
             ) from None
         finally:
             self._booting = None  # after a failure the next run tries again
@@ -119,8 +129,12 @@ def environment_archive(ship: bool | str, master: str) -> str | None:
     log.info("ship_environment: packing %s for the executors (once; reused while it is "
              "unchanged)", sys.prefix)
     packed = pack_environment()
-    log.info("ship_environment: %s (%.0f MiB, %s)", packed.path, packed.size / 2**20,
-             "cached" if packed.reused else f"packed in {packed.seconds:.0f} s")
+    how = "cached" if packed.reused else f"packed in {packed.seconds:.0f} s"
+    log.info("ship_environment: %s (%.0f MiB, %s)", packed.path, packed.size / 2**20, how)
+    if not packed.reused:  # a minute or more of silence otherwise
+        print(f"mlflow_hvd: packed {sys.prefix} for the executors in {packed.seconds:.0f} s: "
+              f"{packed.path} ({packed.size / 2**20:.0f} MiB; reused while unchanged)",
+              file=sys.stderr, flush=True)
     return packed.path
 
 

@@ -1,0 +1,105 @@
+"""Driver side: executors ready with a shipped environment before the first barrier stage.
+
+A session that ships an environment (``spark.archives=<archive>#environment``) has each
+executor fetch and unpack it when its first task arrives: a gigabyte and more, then
+Horovod's extensions loaded from the fresh files (:mod:`mlflow_hvd.agent.host_check`).
+Inside a barrier stage that would count against the job's start deadline, which is meant
+for ranks starting, and fail it on a slow disk or network with a misleading
+``StartTimeoutError``. So before the first barrier stage on such a session the backend runs
+a plain stage of one task per slot: every executor unpacks the archive and checks it fits
+its host (each task answers its host and what it lacks), under its own deadline,
+``HorovodRunner(environment_timeout=...)``. Done once per application and archive.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from mlflow_hvd.backends.spark.failures import summarize_spark_error
+from mlflow_hvd.errors import BackendError, EnvironmentArchiveError
+from mlflow_hvd.protocol.environment import EnvironmentFingerprint
+
+log = logging.getLogger(__name__)
+
+_ready: set[tuple[str, str]] = set()  # (application id, fingerprint) prepared
+_lock = threading.Lock()
+
+
+def _check_on_executor(shipped: EnvironmentFingerprint
+                       ) -> Callable[[Iterable[Any]], Iterator[tuple[str, list[str]]]]:
+    def check(_rows: Iterable[Any]) -> Iterator[tuple[str, list[str]]]:
+        import socket
+
+        from mlflow_hvd.agent.host_check import environment_differences
+
+        yield socket.gethostname(), list(environment_differences(shipped))
+
+    return check
+
+
+def prepare_executors(sc: Any, shipped: EnvironmentFingerprint, slots: int,
+                      timeout: float) -> None:
+    """Have every executor of ``sc`` unpack and check the shipped environment (once per
+    application and environment).
+
+    Raises:
+        EnvironmentArchiveError: A host the environment does not fit, naming what differs.
+        BackendError: Not done within ``timeout`` seconds, or the stage failed (e.g. an
+            executor cannot start the shipped interpreter).
+    """
+    key = (str(sc.applicationId), shipped.dumps())
+    with _lock:
+        if key in _ready:
+            return
+        started = time.monotonic()
+        log.info("shipped environment: %d tasks unpack and check it on the executors", slots)
+        hosts = _run_stage(sc, shipped, slots, timeout)
+        unfit = {host: differences for host, differences in hosts if differences}
+        if unfit:
+            host, differences = sorted(unfit.items())[0]
+            raise EnvironmentArchiveError(
+                f"the environment shipped to the executors does not fit {host}"
+                + (f" (nor {', '.join(sorted(unfit)[1:])})" if len(unfit) > 1 else "")
+                + f": {'; '.join(differences)}. Pack it where the executors' Python and "
+                "platform are the same (python -m mlflow_hvd.cli.pack_env), or give the "
+                "nodes that interpreter")
+        _ready.add(key)
+        log.info("shipped environment: ready on %s in %.1fs",
+                 ", ".join(sorted({h for h, _ in hosts})), time.monotonic() - started)
+
+
+def _run_stage(sc: Any, shipped: EnvironmentFingerprint, slots: int,
+               timeout: float) -> list[tuple[str, list[str]]]:
+    group = f"mlflow-hvd-environment-{uuid.uuid4().hex[:12]}"
+    done: dict[str, Any] = {}
+
+    def submit() -> None:
+        try:  # job group properties are thread-local: set them in the submitting thread
+            sc.setJobGroup(group, "mlflow_hvd: unpack and check the shipped environment",
+                           interruptOnCancel=True)
+            done["hosts"] = (sc.parallelize(range(slots), slots)
+                             .mapPartitions(_check_on_executor(shipped)).collect())
+        except Exception as exc:  # handed to the caller
+            done["error"] = exc
+
+    thread = threading.Thread(target=submit, name="mlflow-hvd-environment", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        sc.cancelJobGroup(group)
+        thread.join(30)
+        raise BackendError(
+            f"the executors did not fetch, unpack and check the shipped environment within "
+            f"{timeout:g}s (environment_timeout): raise HorovodRunner(environment_timeout="
+            "...) for a large archive or a slow network, or give the nodes the environment "
+            "(an image) instead of shipping it")
+    if "error" in done:
+        raise BackendError(
+            f"preparing the shipped environment failed: "
+            f"{summarize_spark_error(done['error'], shipped)}") from done["error"]
+    return [(str(h), list(d)) for h, d in done["hosts"]]

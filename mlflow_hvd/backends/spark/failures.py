@@ -1,0 +1,54 @@
+"""Driver side: what a failed Spark job says, in one line a user can act on."""
+
+from __future__ import annotations
+
+import re
+
+from mlflow_hvd.protocol.environment import SHIPPED_PYTHON, EnvironmentFingerprint
+
+
+def summarize_spark_error(exc: BaseException,
+                          shipped: EnvironmentFingerprint | None = None) -> str:
+    """The useful line of a Spark job failure: the Python error raised in the task if any.
+
+    A failing task surfaces on the driver as a Py4JJavaError whose first line only says
+    ``An error occurred while calling ...collectAndServe``; the task's own Python error is a
+    line like ``ValueError: ...`` inside the embedded traceback. An executor that cannot
+    start its Python at all (``Cannot run program``) is said in words naming the
+    interpreter and what to do; ``shipped`` is the environment the session ships, if any.
+    """
+    text = str(exc)
+    missing = re.search(r'Cannot run program "([^"]+)"', text)
+    if missing:
+        return _interpreter_missing(missing.group(1), shipped)
+    python_errors = [
+        line.strip()
+        for line in text.splitlines()
+        if re.match(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", line)
+        and not line.strip().startswith(("at ", "org.apache", "py4j", "java."))
+    ]
+    if python_errors:
+        return python_errors[-1]
+    for line in text.splitlines():  # why Spark gave up, e.g. a lost executor or worker
+        at = line.find("Job aborted due to stage failure:")
+        if at >= 0:
+            return line[at:].strip()[:1000]
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+def _interpreter_missing(program: str, shipped: EnvironmentFingerprint | None) -> str:
+    """Spark names no host when a barrier task fails (the failed stage's reason only)."""
+    if program == SHIPPED_PYTHON:
+        base = shipped.base_python if shipped is not None else "the venv's base Python"
+        return (
+            f"an executor cannot start the shipped environment's interpreter {program}: it is a "
+            f"link to {base}, which venv-pack does not copy into the archive. Install that "
+            "Python at that path on every node (the same version: pyenv, a system package), "
+            "or ship an environment that includes its interpreter (conda-pack)")
+    return (
+        f"an executor cannot start the Python interpreter {program} (PYSPARK_PYTHON when the "
+        "session started): it does not exist on that node. Ship the driver's environment "
+        "to the executors (HorovodRunner(ship_environment=True), mlflow run ... -P "
+        "ship_environment=true, or spark.archives from python -m mlflow_hvd.cli.pack_env), "
+        "or install the same environment at that path on every node")

@@ -176,27 +176,40 @@ class _Server(RendezvousHTTPServer):
 
     def __init__(self, handler: type[RendezvousHandler], threads: int, bind_host: str,
                  keys: _Keys, admitted: frozenset[str]) -> None:
-        super().__init__((bind_host, 0), handler, 0)
+        # before binding: a failed bind closes the server, which shuts the pools down
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mlflow-hvd-rdv")
+        # strangers are answered apart from the job's requests, never in the accept loop
+        self._refusals = ThreadPoolExecutor(2, thread_name_prefix="mlflow-hvd-rdv-refuse")
         self._keys = keys
         self.admitted = admitted
+        super().__init__((bind_host, 0), handler, 0)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if client_address[0] not in self.admitted:
-            self._refuse(request, client_address[0])
+            with self._keys.cond:
+                self._keys.refused += 1
+            log.warning("rendezvous: refused a request from %s, not a host of this job",
+                        client_address[0])
+            try:
+                self._refusals.submit(self._refuse, request)
+            except RuntimeError:  # shutting down
+                self.shutdown_request(request)
             return
         try:
             self._pool.submit(self.process_request_thread, request, client_address)
         except RuntimeError:  # shutting down
             self.shutdown_request(request)
 
-    def _refuse(self, request: Any, address: str) -> None:
-        with self._keys.cond:
-            self._keys.refused += 1
-        log.warning("rendezvous: refused a request from %s, not a host of this job", address)
+    def _refuse(self, request: Any) -> None:
+        """Read the request's head (as a server does: closing unread data resets the
+        connection before the client sees the answer), answer 403, close."""
         try:
             request.settimeout(1.0)
+            request.recv(65536)
             request.sendall(FORBIDDEN)
+            request.shutdown(socket.SHUT_WR)
+            while request.recv(65536):  # the rest, until the client closes (or 1 s)
+                pass
         except OSError:
             pass  # the stranger went away: nothing of the job's is lost
         finally:
@@ -209,8 +222,9 @@ class _Server(RendezvousHTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
-        # held requests end within HOLD_SECONDS; nothing waits for them
+        # held requests end within HOLD_SECONDS, refusals within a second; nothing waits
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._refusals.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass(frozen=True)

@@ -125,12 +125,20 @@ def test_mlflow_run_as_typed_ships_the_environment_it_created_and_a_later_run_re
         ".venv*", ".git", "__pycache__", "*.db", "mlruns", ".*_cache", "*.egg-info"))
     proc = _mlflow_run(bare, project, project)
     assert proc.returncode == 0, stderr_tail(proc.stderr)
+    # the entry point completed the environment MLflow made (python_env.yaml's, through
+    # pyenv; reused by later runs) with this copy of the project and Horovod
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("mlflow_hvd: installed ")]
-    prefix = Path(line.rsplit(" into ", 1)[1])  # the environment MLflow created
+    prefix = Path(line.rsplit(" into ", 1)[1])
+    assert line == f"mlflow_hvd: installed {project} (editable) into {prefix}"
+    assert prefix.name.startswith("mlflow-") and prefix != Path(sys.prefix)
+    marker = json.loads((prefix / ".mlflow_hvd-horovod.json").read_text())
+    assert (marker["horovod"], marker["python"]) == ("0.28.1", "3.11")
     (run,) = client.search_runs([client.get_experiment_by_name("Default").experiment_id],
                                 filter_string="tags.`mlflow.project.env` = 'virtualenv'")
     _check_run(bare, client, run.info.run_id)
     assert run.data.params["ship_environment"] == "auto"
+    assert run.data.tags["mlflow_hvd.np"] == "4"
+    assert run.data.tags["mlflow_hvd.horovod_version"] == "0.28.1"
     assert len(_shipped_prefixes(bare)) == 2  # one executor per node unpacked it
 
     # the same environment as a user's own: the pack command finds the archive made above

@@ -170,36 +170,3 @@ def test_mlflow_run_of_the_pytorch_example_on_two_spark_ranks_from_parquet(
     assert json.loads(client.get_run(run.info.run_id).inputs.dataset_inputs[0].dataset
                       .source)  # where the rows came from
     assert run.data.params["shard_size"] == run.data.tags["mlflow_hvd.data.data.rows_per_rank"]
-
-
-@pytest.mark.slow
-def test_mlflow_run_as_typed_creates_the_projects_environment_and_trains_on_four_ranks(
-    tmp_path: Path,
-) -> None:
-    """`mlflow run . -P np=4` with MLflow's default environment manager, as a user types it
-    with the set-up venv active: MLflow creates python_env.yaml's environment through pyenv
-    (reused by later runs), the entry point installs the project and Horovod into it, and
-    four Spark barrier ranks train in it."""
-    copy = tmp_path / "project"
-    _copy_project(copy)
-    uri = f"sqlite:///{tmp_path}/typed.db"
-    env = dict(os.environ, MLFLOW_TRACKING_URI=uri)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(["mlflow", "run", ".", "-P", "np=4", "-P", "epochs=1"], cwd=copy,
-                          env=env, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run = _only_run(uri)
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["mlflow.project.env"] == "virtualenv"
-    assert run.data.tags["mlflow_hvd.np"] == "4"
-    assert run.data.tags["mlflow_hvd.horovod_version"] == "0.28.1"
-    client = mlflow.MlflowClient()
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [0]
-    # the job ran in the environment MLflow made, on the copy's code, not in this venv
-    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("mlflow_hvd: installed ")]
-    prefix = Path(line.rsplit(" into ", 1)[1])
-    assert line == f"mlflow_hvd: installed {copy} (editable) into {prefix}"
-    assert prefix.name.startswith("mlflow-") and prefix != Path(sys.prefix)
-    marker = json.loads((prefix / ".mlflow_hvd-horovod.json").read_text())
-    assert (marker["horovod"], marker["python"]) == ("0.28.1", "3.11")

@@ -210,8 +210,8 @@ class _Server(RendezvousHTTPServer):
             request.shutdown(socket.SHUT_WR)
             while request.recv(65536):  # the rest, until the client closes (or 1 s)
                 pass
-        except OSError:
-            pass  # the stranger went away: nothing of the job's is lost
+        except OSError as exc:  # the stranger went away or stalled: nothing of the job's
+            log.debug("rendezvous: a refused client's connection ended early: %s", exc)
         finally:
             self.shutdown_request(request)
 

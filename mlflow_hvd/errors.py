@@ -43,6 +43,16 @@ class EnvironmentArchiveError(ConfigurationError):
     names what was expected, what was found and what to do."""
 
 
+def unfit_environment(where: str, differences: list[str] | tuple[str, ...]
+                      ) -> EnvironmentArchiveError:
+    """The one error for a shipped environment that does not fit a host (``where``: the
+    host, and its task when known), naming each difference and what to do."""
+    return EnvironmentArchiveError(
+        f"the environment shipped to the executors does not fit {where}: "
+        f"{'; '.join(differences)}. Pack it where the executors' Python and platform are the "
+        "same (python -m mlflow_hvd.cli.pack_env), or give the nodes that interpreter")
+
+
 class InstallError(MlflowHvdError):
     """Something mlflow_hvd installs into an environment (Horovod, the project itself)
     could not be built, installed or verified there."""

@@ -23,13 +23,13 @@ from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import (
     BackendError,
     DataInputError,
-    EnvironmentArchiveError,
     FeedError,
     MlflowHvdError,
     RankFailure,
     RunTimeoutError,
     StartTimeoutError,
     WorkerFailedError,
+    unfit_environment,
 )
 from mlflow_hvd.protocol.credentials import Credentials
 from mlflow_hvd.protocol.messages import (
@@ -419,8 +419,5 @@ def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextI
         kind = FeedError if message.error_type == FeedError.__name__ else DataInputError
         job.setup_error = kind(message.error)
     elif isinstance(message, EnvironmentMismatch) and job.setup_error is None:
-        job.setup_error = EnvironmentArchiveError(
-            f"the environment shipped to the executors does not fit {message.host} (task "
-            f"{message.partition}): {'; '.join(message.differences)}. Pack it where the "
-            "executors' Python and platform are the same (python -m mlflow_hvd.cli.pack_env), "
-            "or give the nodes that interpreter")
+        job.setup_error = unfit_environment(
+            f"{message.host} (task {message.partition})", message.differences)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from mlflow_hvd.backends.spark.failures import summarize_spark_error
-from mlflow_hvd.errors import BackendError, EnvironmentArchiveError
+from mlflow_hvd.errors import BackendError, unfit_environment
 from mlflow_hvd.protocol.environment import EnvironmentFingerprint
 
 log = logging.getLogger(__name__)
@@ -62,12 +62,8 @@ def prepare_executors(sc: Any, shipped: EnvironmentFingerprint, slots: int,
         unfit = {host: differences for host, differences in hosts if differences}
         if unfit:
             host, differences = sorted(unfit.items())[0]
-            raise EnvironmentArchiveError(
-                f"the environment shipped to the executors does not fit {host}"
-                + (f" (nor {', '.join(sorted(unfit)[1:])})" if len(unfit) > 1 else "")
-                + f": {'; '.join(differences)}. Pack it where the executors' Python and "
-                "platform are the same (python -m mlflow_hvd.cli.pack_env), or give the "
-                "nodes that interpreter")
+            others = f" (nor {', '.join(sorted(unfit)[1:])})" if len(unfit) > 1 else ""
+            raise unfit_environment(host + others, differences)
         _ready.add(key)
         log.info("shipped environment: ready on %s in %.1fs",
                  ", ".join(sorted({h for h, _ in hosts})), time.monotonic() - started)

@@ -116,6 +116,39 @@ def test_a_torch_job_resumed_after_a_failure_and_a_sweep_log_through_the_auth_se
             "checkpoints/epoch_0/checkpoint.pt")
 
 
+def test_a_sweep_whose_user_may_not_update_the_registered_model_is_refused_first(
+    as_admin: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The admin owns the registered model; another user (no permission by default) may
+    not add versions to it: refused before the first trial, with no run left behind."""
+    from hyperopt import hp
+
+    admin = mlflow.MlflowClient()
+    admin.create_registered_model("guarded")
+    from mlflow.server import get_app_client
+
+    get_app_client("basic-auth", tracking_uri=as_admin).create_user("bob", "bob-password-12")
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "bob")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "bob-password-12")
+    marker = tmp_path / "ran"
+    with pytest.raises(TrackingError) as info:
+        sweep(workers.quadratic_torch_trial, {"x": hp.uniform("x", 0, 1), "y": hp.choice("y", [0])},
+              max_evals=1, np=-1, fixed_params={"fail_marker": str(marker)},
+              register_model="guarded")
+    assert str(info.value) == (
+        f"register_model='guarded': the Model Registry at {as_admin} refused the driver's user "
+        "(HTTP 403): it may not create or update the registered model 'guarded'. Ask its "
+        "owner or an admin for EDIT (or MANAGE) permission on it, or choose another name. "
+        "No trial was run.")
+    assert not marker.exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
+    assert not admin.search_runs([admin.get_experiment_by_name("Default").experiment_id],
+                                 "tags.`mlflow_hvd.sweep.role` = 'parent' and "
+                                 "params.max_evals = '1'")
+    assert not admin.search_model_versions("name = 'guarded'")
+
+
 def test_credentials_are_sealed_and_never_shown() -> None:
     from mlflow_hvd.protocol.credentials import Credentials, seal, unseal
 

@@ -392,10 +392,11 @@ def test_a_pruning_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path:
                                  "batch_size": ["choice", [32]]}))
     cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "-e", "sweep", "--env-manager",
            "local", "-P", "max_evals=4", "-P", "np=4", "-P", "epochs=2", "-P", "seed=2",
-           "-P", f"space={space}", "-P", "prune=median"]
+           "-P", f"space={space}", "-P", "prune=median", "-P", "register_model=digits"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=cluster.driver_env(), capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, stderr_tail(proc.stderr)
+    assert "registered as version 1 of 'digits': models:/digits@champion" in proc.stdout
     exp = client.get_experiment_by_name("Default").experiment_id
     (parent,) = client.search_runs([exp], filter_string="tags.`mlflow_hvd.sweep.role` = 'parent'")
     children = sorted(client.search_runs(
@@ -409,8 +410,26 @@ def test_a_pruning_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path:
     assert [len(client.get_metric_history(c.info.run_id, "val_loss")) for c in children] == [
         2, 2, 2, 1]
     assert parent.data.metrics["trials_pruned"] == 1
-    assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] in {
-        c.info.run_id for c in children[:3]}
+    best = parent.data.tags["mlflow_hvd.sweep.best_run_id"]
+    assert best in {c.info.run_id for c in children[:3]}
+    # the best trial's model is the registry's champion, served through the tracking server
+    champion = client.get_model_version_by_alias("digits", "champion")
+    assert (champion.run_id, champion.tags["mlflow_hvd.sweep.run_id"]) == (
+        best, parent.info.run_id)
+    assert float(champion.tags["mlflow_hvd.sweep.metric_value"]) == pytest.approx(
+        parent.data.metrics["best_val_loss"])
+    load = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, mlflow, numpy as np\n"
+         f"sys.path.insert(0, {str(REPO / 'examples')!r})\n"
+         "import digits_keras\n"
+         "m = mlflow.pyfunc.load_model('models:/digits@champion')\n"
+         "_, _, x, y = digits_keras.load_data()\n"
+         "print('SHAPE', np.asarray(m.predict(x)).shape, len(y))\n"],
+        env=cluster.driver_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert load.returncode == 0, load.stderr[-3000:]
+    shape, rows = load.stdout.split("SHAPE")[-1].rsplit(" ", 1)
+    assert shape.strip() == f"({rows.strip()}, 10)", load.stdout
 
 
 def test_gpus_spark_assigns_on_each_host_are_what_the_ranks_see(

@@ -224,6 +224,25 @@ def _quadratic(hvd: Any, tensor: Any, x: float, y: int, fail_marker: str) -> flo
     return loss
 
 
+def model_trial(x: float, offset: float = 0.0) -> float:
+    """A sweep trial that logs val_loss = x + offset and, on rank 0, a one-weight torch model
+    holding x (so the model a registry serves can be traced to its trial)."""
+    import horovod.torch as hvd
+    import torch
+
+    from mlflow_hvd import torch as hvd_torch
+    from mlflow_hvd import tracking
+
+    hvd.init()
+    mean_x = float(hvd.allreduce(torch.tensor(float(x)), op=hvd.Average))
+    tracking.log_metrics({"val_loss": mean_x + offset}, step=0)
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(mean_x)
+    hvd_torch.log_model(model)
+    return mean_x + offset
+
+
 def takes_anything(**kwargs: Any) -> int:
     return len(kwargs)
 

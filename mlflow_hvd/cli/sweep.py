@@ -76,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="true",
         help="trials share one set of ranks (default); 'false': fresh processes per trial",
     )
+    p.add_argument(
+        "--register-model",
+        default="",
+        help="register the best trial's model as a new version of this registered model, "
+             "alias 'champion' ('': do not register)",
+    )
     add_runner_options(p)
     p.add_argument(
         "--train",
@@ -123,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         prune=None if args.prune == "none" else args.prune,
         grace_epochs=args.grace_epochs,
         mode=None if args.mode == "auto" else args.mode,
+        register_model=args.register_model or None,
     )
     pruned = (f"; {result.pruned_trials} pruned, {result.epochs_trained} epochs trained, "
               f"{result.epochs_saved} saved" if args.prune != "none" else "")
@@ -131,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         f"({result.failed_trials} failed{pruned}); best {args.metric} {result.best_loss:.4f} "
         f"with {result.best_params} (run {result.best_run_id})"
     )
+    if result.registered_version is not None:
+        print(f"registered as version {result.registered_version} of "
+              f"{args.register_model!r}: {result.registered_uri}")
     return 0
 
 

@@ -9,6 +9,7 @@ parent run continues after the last finished trial.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
 from mlflow_hvd.runner import HorovodRunner
 from mlflow_hvd.sweep.plot import plot_losses
 from mlflow_hvd.sweep.pruning import Rule, describe, make_rule
+from mlflow_hvd.sweep.registry import check_name, check_registry, register_best
 from mlflow_hvd.sweep.space import plain, validate_space
 from mlflow_hvd.sweep.trial import TAG, Notes, Plan, run_trial
 from mlflow_hvd.sweep.trials_store import load_trials, save_trials
@@ -48,6 +50,9 @@ class SweepResult:
         epochs_trained: Epochs trained by all trials (as reported per epoch; 0 without
             pruning, which does not count them).
         epochs_saved: Epochs the pruned trials did not train.
+        registered_version: With ``register_model``: the version of the registered model
+            that holds the best trial's model; None without it.
+        registered_uri: ``models:/name@champion`` when the alias points at that version.
     """
 
     parent_run_id: str
@@ -60,6 +65,8 @@ class SweepResult:
     pruned_trials: int = 0
     epochs_trained: int = 0
     epochs_saved: int = 0
+    registered_version: str | None = None
+    registered_uri: str | None = None
 
 
 def sweep(
@@ -78,6 +85,7 @@ def sweep(
     prune: str | Rule | None = None,
     grace_epochs: int = 1,
     mode: str | None = None,
+    register_model: str | None = None,
 ) -> SweepResult:
     """Optimise ``metric`` over ``space`` with TPE, one distributed trial at a time.
 
@@ -115,11 +123,19 @@ def sweep(
         grace_epochs: Epochs every trial trains before it can be pruned.
         mode: ``"min"`` or ``"max"``; default: ``"max"`` when the metric's name says
             accuracy, AUC, precision, recall, F1, R2 or score, else ``"min"``.
+        register_model: Register the best trial's model (the last one its rank 0 logged)
+            as a new version of this registered model, with the alias ``champion`` and tags
+            naming the sweep run and the metric's value. Checked before the first trial:
+            the store must have a Model Registry and the user may update this model
+            (created when missing). A resumed sweep whose best trial already has a version
+            leaves the alias where it is.
 
     Raises:
-        ConfigurationError: Bad space, max_evals, metric, mode, prune or np, before any
-            trial starts.
-        TrackingError: The parent run has saved trials that cannot be read.
+        ConfigurationError: Bad space, max_evals, metric, mode, prune, np or
+            register_model, before any trial starts.
+        TrackingError: The parent run has saved trials that cannot be read; the registry
+            cannot be used or refuses the user (before any trial); the best trial logged no
+            model (after the sweep, which a resume then registers).
         MlflowHvdError: Every trial failed.
     """
 
@@ -138,16 +154,20 @@ def sweep(
         grace_epochs,
         mode,
     )
+    model_name = None if register_model is None else check_name(register_model)
     with sigterm_interrupts():  # SIGTERM ends the sweep and its trial KILLED, like Ctrl-C
-        return _sweep(plan, parent_run_id)
+        return _sweep(plan, parent_run_id, model_name)
 
 
-def _sweep(plan: Plan, parent_run_id: str | None) -> SweepResult:
+def _sweep(plan: Plan, parent_run_id: str | None, model_name: str | None = None
+           ) -> SweepResult:
     import mlflow
 
+    client = mlflow.MlflowClient()
+    if model_name is not None:
+        check_registry(client, model_name)  # refused before any run or rank starts
     runner = HorovodRunner(np=plan.np, **plan.runner_options)
     runner.prepare()  # a new SparkSession boots while the parent run is set up
-    client = mlflow.MlflowClient()
     with store_lock(mlflow.get_tracking_uri()):
         owned = mlflow.active_run() is None
         parent = mlflow.start_run(run_id=parent_run_id) if owned else mlflow.active_run()
@@ -160,6 +180,8 @@ def _sweep(plan: Plan, parent_run_id: str | None) -> SweepResult:
         with runner if plan.warm else contextlib.nullcontext(runner):
             _run_trials(client, parent_id, trials, plan, runner)
         result = _summarise(client, parent_id, trials, plan)
+        if model_name is not None:
+            result = _register(client, model_name, result, plan)
     except KeyboardInterrupt:
         active = mlflow.active_run()
         while active is not None and active.info.run_id != parent_id:
@@ -317,6 +339,14 @@ def _log_params_once(client: Any, run_id: str, params: Mapping[str, Any]) -> Non
     for key, value in params.items():
         if key not in existing:
             client.log_param(run_id, key, str(value))
+
+
+def _register(client: Any, name: str, result: SweepResult, plan: Plan) -> SweepResult:
+    done = register_best(client, name, result.best_run_id, result.parent_run_id, plan.metric,
+                         result.best_loss)
+    client.set_tag(result.parent_run_id, f"{TAG}registered_model", f"{name}/{done.version}")
+    return dataclasses.replace(result, registered_version=done.version,
+                               registered_uri=done.model_uri)
 
 
 def _summarise(client: Any, parent_id: str, trials: Any, plan: Plan) -> SweepResult:

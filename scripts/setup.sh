@@ -25,6 +25,20 @@ command -v java >/dev/null 2>&1 || die "Java is missing; Spark 4 needs Java 17. 
 JAVA_MAJOR="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)"
 [ "${JAVA_MAJOR:-0}" -ge 17 ] || die "Java 17 or newer is needed by Spark 4, found '${JAVA_MAJOR:-unknown}'. Install it with 'apt-get install -y openjdk-17-jre-headless'."
 
+# Debian's chromium, for the MLflow UI test (tests/test_ui.py; Playwright drives it, nothing
+# is downloaded); `make demo` does not need it, so a machine where it cannot be installed gets
+# a warning, and the UI test then fails naming the command
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's chromium (for the UI test)"
+    (apt-get install -y -q chromium >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }) \
+      || echo "setup: warning: 'apt-get install -y chromium' failed; the UI test needs it" >&2
+  else
+    echo "setup: warning: no chromium; the UI test needs it: 'sudo apt-get install -y chromium'" >&2
+  fi
+fi
+
 # --- venv ----------------------------------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV"

@@ -170,7 +170,9 @@ def _sweep(plan: Plan, parent_run_id: str | None, model_name: str | None = None
     runner.prepare()  # a new SparkSession boots while the parent run is set up
     with store_lock(mlflow.get_tracking_uri()):
         owned = mlflow.active_run() is None
-        parent = mlflow.start_run(run_id=parent_run_id) if owned else mlflow.active_run()
+        name = None if parent_run_id else "sweep"  # a new parent run; a resumed one keeps its
+        parent = mlflow.start_run(run_id=parent_run_id, run_name=name) if owned else (
+            mlflow.active_run())
     parent_id = parent.info.run_id  # type: ignore[union-attr]
     try:
         from hyperopt import Trials

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-old-end lint typecheck clean lock
+.PHONY: setup demo test test-old-end lint typecheck docs clean lock
 
 setup:
 	bash scripts/setup.sh
@@ -20,11 +20,17 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
+# The manual (docs/, README sections included) as a site in site/; --strict: a broken link,
+# anchor, include or API reference fails the build
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 test: setup
 	$(VENV)/bin/ruff check mlflow_hvd tests examples benchmarks
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/bars.py
 	$(VENV)/bin/mypy
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 	bash scripts/old_end.sh
 
@@ -48,4 +54,4 @@ lock: setup
 	  --no-header $(if $(UPGRADE),--upgrade) -o requirements/lock-old-end-py3.12.txt
 
 clean:
-	rm -rf $(VENV) .venv-old-end .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns spark-warehouse
+	rm -rf $(VENV) .venv-old-end site test-output .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns spark-warehouse

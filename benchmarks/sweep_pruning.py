@@ -18,7 +18,7 @@ per epoch is the report to the driver plus the broadcast of its answer. Rounds a
     .venv/bin/python benchmarks/sweep_pruning.py [--seeds 5] [--trials 16] [--epochs 24]
         [--rules median,asha,asha:2]
 
-(the defaults are the README's figures: about 40 minutes on a 2-core machine)
+(the defaults are docs/benchmarks.md's figures: about 40 minutes on a 2-core machine)
 """
 
 from __future__ import annotations

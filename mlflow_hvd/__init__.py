@@ -2,7 +2,7 @@
 
 ``HorovodRunner(np=...)`` is an open, working take on Databricks' HorovodRunner API.
 
-Package map (README "Architecture" lists every module): ``runner`` (public API),
+Package map (docs/architecture.md lists every module): ``runner`` (public API),
 ``driver/``, ``backends/``, ``sweep/`` and ``cli/`` run in the user's process (the driver);
 ``agent/`` hosts one rank's process on its host (``agent/spark_task.py`` in a Spark barrier
 task on an executor); ``rank/`` runs inside that process; ``tracking/``, ``keras/``,

@@ -2,7 +2,7 @@
 distinct, equal-size shard.
 
 A Spark DataFrame passed to ``run`` arrives as this rank's :class:`Shard` (written by its
-Spark task to this host; see the README's "Training data from Spark"). The helpers below
+Spark task to this host; see docs/data.md). The helpers below
 shard data every rank already holds (numpy arrays) or can read (a shared Parquet path).
 
 Equal shard sizes matter in synchronous data-parallel training: with unequal shards one rank

@@ -124,12 +124,12 @@ class HorovodRunner:
             ``MLFLOW_TRACKING_TOKEN``, ``MLFLOW_TRACKING_INSECURE_TLS`` and the files of
             ``MLFLOW_TRACKING_SERVER_CERT_PATH`` / ``MLFLOW_TRACKING_CLIENT_CERT_PATH``, read
             at each ``run``, are handed to the job's rank 0 over its channel, sealed with the
-            job's secret, and to no other rank (README: "Tracking servers with
+            job's secret, and to no other rank (docs/cluster.md: "Tracking servers with
             authentication").
         data_compression: ``"lz4"``/``"zstd"`` compress the shards of DataFrame arguments
-            (less disk, a copy as ranks read); None: memory-mapped (README: "Training data").
+            (less disk, a copy as ranks read); None: memory-mapped (docs/data.md).
         ship_environment: True: this venv, packed (cached), shipped with the session the
-            runner builds; a path: that archive (README: "Running on a cluster").
+            runner builds; a path: that archive (docs/cluster.md).
         environment_timeout: Seconds a shipped environment gets to be unpacked: on the
             driver while the session the runner builds starts (Spark unpacks archives
             there too; added to ``start_timeout``), and on every executor before the
@@ -210,7 +210,10 @@ class HorovodRunner:
                 host, exit status and the rank's traceback (or last lines of output).
             UnsupportedVersionError: pyspark (``np > 0``) or TensorFlow (``np < 0``) outside
                 the supported versions, or ``TF_USE_LEGACY_KERAS`` set; nothing was started.
-            StartTimeoutError, RunTimeoutError, InsufficientSlotsError, BackendError.
+            StartTimeoutError: The ranks did not all start within ``start_timeout``.
+            RunTimeoutError: The job ran longer than ``timeout``.
+            InsufficientSlotsError: Spark will not offer ``np`` task slots.
+            BackendError: Spark or the local backend failed outside the user's code.
         """
         return self._run_with(RunHooks(), main, kwargs)
 

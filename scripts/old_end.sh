@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The old-end test environment: Python 3.12, TensorFlow 2.16, pyspark 3.5 (Spark 3.5's own
 # JVM side), the oldest supported MLflow. Built the way a user with an existing environment
-# installs mlflow_hvd (README: Install into an existing environment):
+# installs mlflow_hvd (docs/install.md: your own environment):
 #   1. the user's environment: requirements/lock-old-end-py3.12.txt (hash-checked);
 #   2. `pip install -e '.[tensorflow-cpu]'`, which must keep every version already there;
 #   3. `python -m mlflow_hvd.cli.horovod`, which builds Horovod against that TensorFlow (once:

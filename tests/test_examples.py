@@ -51,3 +51,37 @@ def test_custom_gradient_tape_loop(store: str, warm_ranks: Any) -> None:
         "checkpoints/epoch_1/checkpoint.keras"
     )
     assert result["val_accuracy"] > 0.5
+
+
+def test_the_readmes_example_runs_as_written(
+    store: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's (and the docs' home page's) example, copied out and run as it is: two
+    Spark barrier tasks train on the Parquet data set's shards; rank 0's loss comes back
+    and the run has a checkpoint and a metric per epoch."""
+    import re
+
+    from conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- --8<-- [start:example] -->", 1)[1].split(
+        "<!-- --8<-- [end:example] -->", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", block, re.S)
+    monkeypatch.chdir(tmp_path)
+    digits_to_parquet.write("digits_parquet")  # the example's first (commented) line
+    # the shared test session's JVM resolves relative paths against its own directory (a
+    # user's new session starts in theirs): the one change, the data set's absolute path
+    assert code.count('read.parquet("digits_parquet")') == 1
+    code = code.replace('"digits_parquet"', repr(str(tmp_path / "digits_parquet")))
+    printed: list[Any] = []
+    exec(compile(code, "README.md", "exec"),
+         {"__name__": "readme_example", "print": printed.append})
+    (loss,) = printed
+    assert 0.0 < loss < 1.5  # a cross-entropy over 10 classes (2.3 untrained), 3 epochs
+    client = mlflow.MlflowClient()
+    (run,) = client.search_runs(["0"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_hvd.backend"] == "spark"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1, 2]
+    assert run.data.metrics["loss"] == pytest.approx(loss, rel=1e-5)
+    assert run.data.tags["mlflow.latest_checkpoint_artifact"].startswith("checkpoints/epoch_2/")

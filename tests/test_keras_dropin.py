@@ -55,7 +55,7 @@ def test_horovods_own_keras_layer_fails_at_once_under_keras_3(tmp_path: Path) ->
         "without averaging gradients, and its callbacks fail ('Variable' object has no "
         "attribute 'ref'; module 'keras.backend' has no attribute 'constant'). Replace "
         "`import horovod.tensorflow.keras as hvd` with `import mlflow_hvd.keras as hvd`: the "
-        "same names, on Keras 3 (README: Migrating)"
+        "same names, on Keras 3 (docs/keras.md, Migrating)"
     )
 
 

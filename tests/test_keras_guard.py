@@ -34,4 +34,4 @@ def test_the_keras_guard_reads_package_metadata_only_when_a_refused_layer_is_imp
     assert message.startswith("horovod.keras does not work with Keras 3.")
     assert message.endswith("Replace `import horovod.tensorflow.keras as hvd` with "
                             "`import mlflow_hvd.keras as hvd`: the same names, on Keras 3 "
-                            "(README: Migrating)")
+                            "(docs/keras.md, Migrating)")

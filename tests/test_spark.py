@@ -137,3 +137,34 @@ def test_the_master_is_resolved_once_per_run(spark: Any, store: str,
     assert runner.run(workers.echo, x=1)["kwargs"] == {"x": 1}
     assert runner.run(workers.echo, x=2)["kwargs"] == {"x": 2}
     assert calls == [None, None]  # once per run, not once per use
+
+
+def test_a_session_whose_python_lacks_mlflow_hvd_is_said_in_words(tmp_path: Any) -> None:
+    """A user's own session started without the driver's environment (here: Spark's Python
+    workers on the venv's base interpreter, as with ``python3`` from PATH when the venv is
+    not activated): the failure says which setting to change and to what."""
+    import os
+    import subprocess
+    import sys
+
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    assert subprocess.run([base, "-c", "import mlflow_hvd"], capture_output=True, timeout=60,
+                          cwd=tmp_path).returncode != 0, f"{base} has mlflow_hvd: pick another"
+    code = (
+        "from pyspark.sql import SparkSession\n"
+        "from mlflow_hvd import HorovodRunner\n"
+        "spark = (SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false')"
+        f".config('spark.pyspark.python', {base!r}).getOrCreate())\n"
+        "try:\n"
+        "    HorovodRunner(np=1, spark=spark, track=False).run(int)\n"
+        "except Exception as exc:\n"
+        "    print('ERROR', type(exc).__name__, exc)\n")
+    # as a user's shell has it: no test's PYTHONPATH (it holds the checkout) or PYSPARK_*
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith(
+        "PYSPARK")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=env)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ERROR")), "")
+    assert line.startswith("ERROR BackendError "), proc.stderr[-3000:]
+    assert "the executors' Python cannot import mlflow_hvd" in line
+    assert f"Start the session with PYSPARK_PYTHON={sys.executable}" in line

@@ -93,7 +93,7 @@ def exit_now(status: int) -> NoReturn:
 
     When ``main`` returns, the run is stored and ended (the runner does it within its
     deadlines); a normal interpreter exit with pyspark, py4j and MLflow loaded takes
-    seconds more (README, Benchmarks), which ``mlflow run`` would wait for. ``atexit`` hooks
+    seconds more (docs/benchmarks.md), which ``mlflow run`` would wait for. ``atexit`` hooks
     do not run, as in the ranks; an embedded SparkSession's JVM stops by itself when its
     stdin closes. Errors other than a stop (``exit_status``) still leave the normal way,
     with their traceback.

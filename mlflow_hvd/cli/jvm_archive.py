@@ -1,5 +1,5 @@
 """Driver side (a command): builds the class-data archive that makes Spark's driver JVM
-start faster (see :mod:`mlflow_hvd.backends.spark.jvm`; figures in the README). Once per
+start faster (see :mod:`mlflow_hvd.backends.spark.jvm`; figures in docs/benchmarks.md). Once per
 Java + Spark installation; ``make setup`` runs it; nothing to do when the archive exists.
 
     python -m mlflow_hvd.cli.jvm_archive [--timeout 300]

@@ -6,7 +6,7 @@ archive when nothing changed, and prints how to ship it.
 
 Ship it with ``spark.archives=<archive>#environment`` on the session and
 ``PYSPARK_PYTHON=./environment/bin/python`` in the driver's environment before the session
-starts (README: Running on a cluster). Every executor needs the venv's base interpreter at
+starts (docs/cluster.md). Every executor needs the venv's base interpreter at
 the path printed.
 """
 

@@ -145,7 +145,7 @@ def check_horovod(tensorflow: bool, where: str) -> None:
     TensorFlow extension, naming the command that builds the right one."""
     found = HOROVOD.installed()
     fix = (f"Run `{HOROVOD_COMMAND}`: it builds Horovod {HOROVOD.low} with Gloo against the "
-           "installed TensorFlow and installs it (README: Install)")
+           "installed TensorFlow and installs it (docs/install.md)")
     if found is None:
         raise UnsupportedVersionError(f"Horovod is not installed{where}. {fix}")
     if not HOROVOD.admits(found):

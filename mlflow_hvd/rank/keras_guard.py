@@ -55,7 +55,7 @@ def message(name: str, keras_version: str) -> str:
         "its DistributedOptimizer trains without averaging gradients, and its callbacks fail "
         "('Variable' object has no attribute 'ref'; module 'keras.backend' has no attribute "
         "'constant'). Replace `import horovod.tensorflow.keras as hvd` with "
-        "`import mlflow_hvd.keras as hvd`: the same names, on Keras 3 (README: Migrating)"
+        "`import mlflow_hvd.keras as hvd`: the same names, on Keras 3 (docs/keras.md, Migrating)"
     )
 
 
@@ -67,7 +67,7 @@ def _refused(module: str) -> str | None:
 def gloo_message(where: str) -> str:
     return (
         f"Horovod at {where} was built without Gloo, which mlflow_hvd's ranks use (no MPI). "
-        f"Rebuild it with `{compat.HOROVOD_COMMAND} --rebuild` (README: Install)"
+        f"Rebuild it with `{compat.HOROVOD_COMMAND} --rebuild` (docs/install.md)"
     )
 
 

@@ -153,7 +153,7 @@ def _end_pooled_job() -> None:
 
     What survives a job (imported modules, caches) is frozen out of the garbage collector
     (``gc.freeze``): a full collection over TensorFlow's objects would otherwise cost a
-    noticeable share of every job (README, "Warm ranks"). The cost: an
+    noticeable share of every job (docs/usage.md, "Warm ranks"). The cost: an
     object alive now that later becomes garbage *inside a reference cycle* (say a global
     the next job replaces) is not collected; without cycles, reference counting still
     frees it.

@@ -21,6 +21,8 @@ def summarize_spark_error(exc: BaseException,
     missing = re.search(r'Cannot run program "([^"]+)"', text)
     if missing:
         return _interpreter_missing(missing.group(1), shipped)
+    if shipped is None and "No module named 'mlflow_hvd'" in text:
+        return _other_python()
     python_errors = [
         line.strip()
         for line in text.splitlines()
@@ -52,3 +54,20 @@ def _interpreter_missing(program: str, shipped: EnvironmentFingerprint | None) -
         "to the executors (HorovodRunner(ship_environment=True), mlflow run ... -P "
         "ship_environment=true, or spark.archives from python -m mlflow_hvd.cli.pack_env), "
         "or install the same environment at that path on every node")
+
+
+def _other_python() -> str:
+    """The session's Python workers run an interpreter without this package: on a
+    ``local[...]`` master most often Spark's default ``python3`` from PATH (a venv not
+    activated), on a cluster the nodes' own Python."""
+    import sys
+
+    return (
+        "the executors' Python cannot import mlflow_hvd: the SparkSession runs its Python "
+        "workers with another interpreter than this driver's (spark.pyspark.python or "
+        "PYSPARK_PYTHON when the session started; Spark's default is 'python3' from PATH). "
+        f"Start the session with PYSPARK_PYTHON={sys.executable} (or "
+        f".config('spark.pyspark.python', {sys.executable!r}), or activate that environment "
+        "first); on a cluster, ship the driver's environment (HorovodRunner(ship_environment="
+        "True) on a session it builds, or spark.archives from python -m "
+        "mlflow_hvd.cli.pack_env) or install mlflow_hvd on every node")

@@ -3,7 +3,7 @@ fast.
 
 A new ``local[N]`` session spends most of its start, and much CPU, loading and verifying
 Spark's classes and compiling them with C2 while the ranks, started right after, import
-TensorFlow on the same cores. Two standard HotSpot options shorten it (figures: README,
+TensorFlow on the same cores. Two standard HotSpot options shorten it (figures: docs/benchmarks.md,
 Benchmarks):
 
 * a class-data-sharing archive (AppCDS, JDK 13+) of the classes Spark loads while starting

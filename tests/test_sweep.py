@@ -125,7 +125,7 @@ def test_bad_sweep_arguments_start_nothing(store: str) -> None:
 
 
 def test_no_progress_rule_counts_trials_since_the_best() -> None:
-    from mlflow_hvd.sweep.search import no_progress
+    from mlflow_hvd.sweep.trials_store import no_progress
 
     def trials(*losses: float | None) -> list[dict[str, float]]:
         return [{"loss": v} if v is not None else {} for v in losses]

@@ -243,6 +243,29 @@ def model_trial(x: float, offset: float = 0.0) -> float:
     return mean_x + offset
 
 
+def paced_trial(x: float, epochs: int = 3, seconds: float = 0.5) -> float:
+    """A sweep trial whose cost is time, not cores: each epoch sleeps ``seconds`` and logs
+    val_loss = (x - 0.3)^2 + 1 / epoch (1-based); stops when told to prune."""
+    import horovod.torch as hvd
+    import torch
+
+    import mlflow_hvd
+    from mlflow_hvd import tracking
+
+    hvd.init()
+    mean_x = float(hvd.allreduce(torch.tensor(float(x)), op=hvd.Average))
+    loss = 0.0
+    for epoch in range(epochs):
+        time.sleep(seconds)
+        loss = (mean_x - 0.3) ** 2 + 1.0 / (epoch + 1)
+        tracking.log_metrics({"val_loss": loss}, step=epoch)
+        if hvd.rank() == 0:
+            mlflow_hvd.log_to_driver(f"epoch {epoch} done")
+        if tracking.should_prune():
+            break
+    return loss
+
+
 def takes_anything(**kwargs: Any) -> int:
     return len(kwargs)
 

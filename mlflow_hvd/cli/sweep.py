@@ -77,6 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="trials share one set of ranks (default); 'false': fresh processes per trial",
     )
     p.add_argument(
+        "--parallelism",
+        default="1",
+        help="trials at once, each its own barrier stage on its own warm ranks (default 1); "
+             "'auto': as many as the cluster's task slots hold (slots // np)",
+    )
+    p.add_argument(
         "--register-model",
         default="",
         help="register the best trial's model as a new version of this registered model, "
@@ -106,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         space = space_from_json(spec)
         train = load_function(args.train)
         options = runner_options(args)
+        parallelism = parallelism_choice(args.parallelism)
     except (ConfigurationError, OSError, json.JSONDecodeError) as exc:
         print(f"invalid sweep parameters: {exc}", file=sys.stderr)
         return 2
@@ -130,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         grace_epochs=args.grace_epochs,
         mode=None if args.mode == "auto" else args.mode,
         register_model=args.register_model or None,
+        parallelism=parallelism,
     )
     pruned = (f"; {result.pruned_trials} pruned, {result.epochs_trained} epochs trained, "
               f"{result.epochs_saved} saved" if args.prune != "none" else "")
@@ -142,6 +150,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"registered as version {result.registered_version} of "
               f"{args.register_model!r}: {result.registered_uri}")
     return 0
+
+
+def parallelism_choice(text: str) -> int | str:
+    """``--parallelism``: a whole number (an MLproject float such as ``2.0`` too) or
+    ``auto``.
+
+    Raises:
+        ConfigurationError: Anything else.
+    """
+    from mlflow_hvd.sweep.concurrent import check_parallelism
+
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        number = float(text)
+    except ValueError:
+        number = float("nan")
+    if not number.is_integer():
+        raise ConfigurationError(
+            f"parallelism must be a whole number >= 1 (trials at once) or 'auto', got {text!r}")
+    return check_parallelism(int(number))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import os
 import pickle
 import sys
 import sysconfig
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,8 @@ import cloudpickle
 from mlflow_hvd.common import code_sources
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.messages import Code, Payload, TrackingTarget
+
+_PICKLING = threading.Lock()  # concurrent runs (a sweep's slots) pickle in turn
 
 
 def dumps_code(main: Callable[..., Any], kwargs: dict[str, Any]) -> Code:
@@ -36,6 +39,11 @@ def dumps_code(main: Callable[..., Any], kwargs: dict[str, Any]) -> Code:
     Raises:
         ConfigurationError: ``main`` or a kwarg cannot be pickled.
     """
+    with _PICKLING:  # cloudpickle's by-value registry is global: one run at a time
+        return _dumps_code(main, kwargs)
+
+
+def _dumps_code(main: Callable[..., Any], kwargs: dict[str, Any]) -> Code:
     module = sys.modules.get(getattr(main, "__module__", "") or "")
     by_value = _user_modules(module)
     for mod in by_value:

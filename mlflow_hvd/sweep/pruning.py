@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +184,34 @@ class History:
         return History(tuple(curves))
 
 
+class LiveHistory:
+    """The history concurrent trials are judged against: the trials that ended (finished or
+    pruned) and the epochs the running ones have reached so far, whichever ends first. A
+    running trial's curve counts as not finished (the median rule's ``min_trials`` counts
+    ended trials only); ASHA ranks every trial that reached the rung."""
+
+    def __init__(self, results: Sequence[dict[str, Any]], sign: float) -> None:
+        self.sign = sign
+        self._lock = threading.Lock()
+        self._ended = list(History.from_results(results, sign).curves)
+        self._running: dict[int, tuple[float, ...]] = {}  # signed values by trial
+
+    def report(self, trial: int, raw: tuple[float, ...]) -> None:
+        with self._lock:
+            self._running[trial] = tuple(self.sign * v for v in raw)
+
+    def end(self, trial: int, result: dict[str, Any]) -> None:
+        with self._lock:
+            self._running.pop(trial, None)
+            self._ended.extend(History.from_results([result], self.sign).curves)
+
+    def without(self, trial: int) -> History:
+        """Every other trial, as of now."""
+        with self._lock:
+            live = [Curve(v, False) for t, v in self._running.items() if t != trial and v]
+            return History((*self._ended, *live))
+
+
 @dataclass(frozen=True)
 class JudgedTrial:
     """What one trial's judge saw: the metric per epoch (raw values, in step order), the
@@ -199,10 +227,15 @@ class TrialJudge:
     """Answers one trial's epoch reports (:class:`~mlflow_hvd.driver.tracking.epochs.
     EpochJudge`); called on the driver's channel thread, once per epoch."""
 
-    def __init__(self, rule: Rule, history: History, metric: str, sign: float,
-                 max_epochs: int | None) -> None:
+    def __init__(self, rule: Rule, history: History | Callable[[], History], metric: str,
+                 sign: float, max_epochs: int | None,
+                 on_values: Callable[[tuple[float, ...]], None] | None = None) -> None:
+        """``history``: the earlier trials, or (concurrent trials) a callable that gives
+        them as of each verdict; ``on_values``: told this trial's raw values per epoch
+        after each report (the other trials' judges see them)."""
         self.rule, self.history, self.metric = rule, history, metric
         self.sign, self.max_epochs = sign, max_epochs
+        self._on_values = on_values
         self._lock = threading.Lock()
         self._values: dict[int, float] = {}  # raw value by step
         self._pruned_after = 0  # epoch of the last verdict if it was "prune"
@@ -219,6 +252,8 @@ class TrialJudge:
             if self._pruned_after and epoch > self._pruned_after and not self._ignored:
                 self._ignored = self._pruned_after
             self._last_epoch = epoch
+            if self._on_values is not None:
+                self._on_values(tuple(self._values[s] for s in steps))
             verdict = self._judge(epoch, [self.sign * self._values[s] for s in steps[:epoch]])
             self._pruned_after = epoch if verdict.prune else 0
             return verdict
@@ -226,7 +261,8 @@ class TrialJudge:
     def _judge(self, epoch: int, signed: list[float]) -> EpochVerdict:
         if self.max_epochs is not None and epoch >= self.max_epochs:
             return EpochVerdict(False, epoch)  # its last epoch: nothing left to save
-        cut = self.rule.cut(self.history.curves, epoch)
+        history = self.history if isinstance(self.history, History) else self.history()
+        cut = self.rule.cut(history.curves, epoch)
         mine = self.rule.own(signed)
         if cut is None or not mine > cut.threshold:
             return EpochVerdict(False, epoch)

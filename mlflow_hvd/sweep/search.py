@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +22,13 @@ from mlflow_hvd.driver.signals import sigterm_interrupts
 from mlflow_hvd.driver.tracking.run import store_lock
 from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
 from mlflow_hvd.runner import HorovodRunner
+from mlflow_hvd.sweep.concurrent import check_parallelism, resolve_parallelism, run_slots
 from mlflow_hvd.sweep.plot import plot_losses
 from mlflow_hvd.sweep.pruning import Rule, describe, make_rule
 from mlflow_hvd.sweep.registry import check_name, check_registry, register_best
 from mlflow_hvd.sweep.space import plain, validate_space
 from mlflow_hvd.sweep.trial import TAG, Notes, Plan, run_trial
-from mlflow_hvd.sweep.trials_store import load_trials, save_trials
+from mlflow_hvd.sweep.trials_store import load_trials, no_progress, save_trials
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ def sweep(
     grace_epochs: int = 1,
     mode: str | None = None,
     register_model: str | None = None,
+    parallelism: int | str = 1,
 ) -> SweepResult:
     """Optimise ``metric`` over ``space`` with TPE, one distributed trial at a time.
 
@@ -123,6 +124,14 @@ def sweep(
         grace_epochs: Epochs every trial trains before it can be pruned.
         mode: ``"min"`` or ``"max"``; default: ``"max"`` when the metric's name says
             accuracy, AUC, precision, recall, F1, R2 or score, else ``"min"``.
+        parallelism: Trials at once (default 1: one after another). Each runs as its own
+            barrier stage of ``np`` tasks in the sweep's Spark application (``np < 0``: on
+            the driver), on its own warm ranks; hyperopt suggests a new point as each trial
+            ends, with the running ones known to TPE. ``"auto"``: as many as the cluster's
+            task slots hold (``slots // np``; ``np < 0``: the driver's cores // -np); a
+            number whose trials would need more slots than the cluster has is refused
+            before the first trial. With pruning, a trial is judged against the trials
+            that ended and the epochs the running ones reached.
         register_model: Register the best trial's model (the last one its rank 0 logged)
             as a new version of this registered model, with the alias ``champion`` and tags
             naming the sweep run and the metric's value. Checked before the first trial:
@@ -155,12 +164,13 @@ def sweep(
         mode,
     )
     model_name = None if register_model is None else check_name(register_model)
-    with sigterm_interrupts():  # SIGTERM ends the sweep and its trial KILLED, like Ctrl-C
-        return _sweep(plan, parent_run_id, model_name)
+    at_once = check_parallelism(parallelism)
+    with sigterm_interrupts():  # SIGTERM ends the sweep and its trials KILLED, like Ctrl-C
+        return _sweep(plan, parent_run_id, model_name, at_once)
 
 
-def _sweep(plan: Plan, parent_run_id: str | None, model_name: str | None = None
-           ) -> SweepResult:
+def _sweep(plan: Plan, parent_run_id: str | None, model_name: str | None = None,
+           parallelism: int | str = 1) -> SweepResult:
     import mlflow
 
     client = mlflow.MlflowClient()
@@ -180,7 +190,13 @@ def _sweep(plan: Plan, parent_run_id: str | None, model_name: str | None = None
         trials = load_trials(client, parent_id) or Trials()
         _describe_parent(client, parent_id, plan)
         with runner if plan.warm else contextlib.nullcontext(runner):
-            _run_trials(client, parent_id, trials, plan, runner)
+            at_once = resolve_parallelism(parallelism, plan.np, runner,
+                                          plan.max_evals - len(trials.trials))
+            _log_params_once(client, parent_id, {"parallelism": at_once})
+            if at_once == 1:
+                _run_trials(client, parent_id, trials, plan, runner)
+            else:
+                run_slots(client, parent_id, trials, plan, runner, at_once)
         result = _summarise(client, parent_id, trials, plan)
         if model_name is not None:
             result = _register(client, model_name, result, plan)
@@ -320,20 +336,6 @@ def _run_trials(
         if plan.early_stop_rounds and no_progress(trials.results, plan.early_stop_rounds):
             client.set_tag(parent_id, f"{TAG}early_stopped", f"after {n} trials")
             return
-
-
-def no_progress(results: list[dict[str, Any]], rounds: int) -> bool:
-    """hyperopt's ``no_progress_loss`` rule (no new best loss for ``rounds`` trials), as a
-    pure function of the trial history so that it holds across a resume, and with failed
-    and pruned trials counted as no progress (hyperopt's own raises on failed ones)."""
-    # a pruned trial's value is from an early epoch: never a new best
-    losses = [None if r.get("pruned_at_epoch") else r.get("loss") for r in results]
-    best_at = None
-    best = math.inf
-    for i, loss in enumerate(losses):
-        if loss is not None and loss < best:
-            best, best_at = loss, i
-    return best_at is not None and len(losses) - 1 - best_at >= rounds
 
 
 def _log_params_once(client: Any, run_id: str, params: Mapping[str, Any]) -> None:

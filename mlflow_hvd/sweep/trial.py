@@ -12,7 +12,7 @@ from typing import Any
 from mlflow_hvd.driver.feed import is_dataframe
 from mlflow_hvd.errors import MlflowHvdError
 from mlflow_hvd.runner import HorovodRunner, RunHooks
-from mlflow_hvd.sweep.pruning import History, Rule, TrialJudge
+from mlflow_hvd.sweep.pruning import History, LiveHistory, Rule, TrialJudge
 from mlflow_hvd.sweep.space import plain
 
 TAG = "mlflow_hvd.sweep."
@@ -54,6 +54,9 @@ def run_trial(
     runner: HorovodRunner,
     done: list[dict[str, Any]] | None = None,
     notes: Notes | None = None,
+    *,
+    live: LiveHistory | None = None,
+    parent_run_id: str | None = None,
 ) -> dict[str, Any]:
     """One trial as a child run: the distributed job, then its loss (hyperopt's result).
 
@@ -65,11 +68,20 @@ def run_trial(
     values = {k: plain(v) for k, v in params.items()}
     run_params = {**trial_params(plan), **values}
     judge = None
-    if plan.rule is not None:
+    if plan.rule is not None and live is not None:  # concurrent: judged as others go on
+        board = live
+        judge = TrialJudge(plan.rule, lambda: board.without(index), plan.metric, plan.sign,
+                           _planned_epochs(run_params), lambda raw: board.report(index, raw))
+    elif plan.rule is not None:
         judge = TrialJudge(plan.rule, History.from_results(done or [], plan.sign),
                            plan.metric, plan.sign, _planned_epochs(run_params))
-    parent = mlflow.active_run()
-    with mlflow.start_run(nested=True, run_name=f"trial-{index}") as child:
+    parent: Any = mlflow.active_run()
+    start: dict[str, Any] = {"nested": True}
+    if parent_run_id is not None:  # a trial's own thread: no active run there
+        parent = client.get_run(parent_run_id)
+        start = {"parent_run_id": parent_run_id,
+                 "experiment_id": parent.info.experiment_id}
+    with mlflow.start_run(run_name=f"trial-{index}", **start) as child:
         run_id = child.info.run_id
         client.set_tag(run_id, f"{TAG}trial", str(index))
         # every argument of the trial, not only the sampled ones: trials and plain runs of
@@ -80,6 +92,9 @@ def run_trial(
             hooks = RunHooks(epoch_judge=judge, log_prefix=f"[trial {index}]",
                              dataset_runs=(parent.info.run_id,) if parent else ())
             runner._run_with(hooks, plan.train_fn, {**values, **plan.fixed})
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or the sweep stopping every trial
+            mlflow.end_run("KILLED")
+            raise
         except MlflowHvdError as exc:
             mlflow.end_run("FAILED")
             return {"status": STATUS_FAIL, "error": str(exc).splitlines()[0], "run_id": run_id,

@@ -3,6 +3,7 @@ sweep resumes."""
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import tempfile
@@ -44,3 +45,17 @@ def save_trials(client: Any, run_id: str, trials: Any) -> None:
         with open(path, "wb") as f:
             pickle.dump(trials, f)
         client.log_artifact(run_id, path, os.path.dirname(TRIALS_ARTIFACT))
+
+
+def no_progress(results: list[dict[str, Any]], rounds: int) -> bool:
+    """hyperopt's ``no_progress_loss`` rule (no new best loss for ``rounds`` trials), as a
+    pure function of the trial history so that it holds across a resume, and with failed
+    and pruned trials counted as no progress (hyperopt's own raises on failed ones)."""
+    # a pruned trial's value is from an early epoch: never a new best
+    losses = [None if r.get("pruned_at_epoch") else r.get("loss") for r in results]
+    best_at = None
+    best = math.inf
+    for i, loss in enumerate(losses):
+        if loss is not None and loss < best:
+            best, best_at = loss, i
+    return best_at is not None and len(losses) - 1 - best_at >= rounds

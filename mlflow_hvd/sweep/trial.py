@@ -67,14 +67,7 @@ def run_trial(
 
     values = {k: plain(v) for k, v in params.items()}
     run_params = {**trial_params(plan), **values}
-    judge = None
-    if plan.rule is not None and live is not None:  # concurrent: judged as others go on
-        board = live
-        judge = TrialJudge(plan.rule, lambda: board.without(index), plan.metric, plan.sign,
-                           _planned_epochs(run_params), lambda raw: board.report(index, raw))
-    elif plan.rule is not None:
-        judge = TrialJudge(plan.rule, History.from_results(done or [], plan.sign),
-                           plan.metric, plan.sign, _planned_epochs(run_params))
+    judge = _judge(plan, index, run_params, done, live)
     parent: Any = mlflow.active_run()
     start: dict[str, Any] = {"nested": True}
     if parent_run_id is not None:  # a trial's own thread: no active run there
@@ -115,6 +108,19 @@ def run_trial(
         mlflow.log_metric("trial_wall_seconds", wall)
         return {"status": STATUS_OK, "loss": plan.sign * value, "value": value,
                 "run_id": run_id, **judged}
+
+
+def _judge(plan: Plan, index: int, run_params: Mapping[str, Any],
+           done: list[dict[str, Any]] | None, live: LiveHistory | None) -> TrialJudge | None:
+    """The trial's pruning judge: against the trials before it, or (concurrent trials,
+    ``live``) against the others as they go on."""
+    if plan.rule is None:
+        return None
+    if live is not None:
+        return TrialJudge(plan.rule, lambda: live.without(index), plan.metric, plan.sign,
+                          _planned_epochs(run_params), lambda raw: live.report(index, raw))
+    return TrialJudge(plan.rule, History.from_results(done or [], plan.sign), plan.metric,
+                      plan.sign, _planned_epochs(run_params))
 
 
 def _judged(judge: TrialJudge | None, index: int, plan: Plan,

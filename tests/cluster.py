@@ -244,6 +244,10 @@ def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
                   state: Path, bare: bool = False) -> subprocess.Popen[bytes]:
     work = state / node / "work"
     work.mkdir(parents=True, exist_ok=True)
+    # executors' scratch (fetched archives: a shipped environment is over 1 GiB) on the
+    # disk, as on a real node, not in the node's small /tmp; discarded with the work dir
+    local = work / "local"
+    local.mkdir(exist_ok=True)
     discover = state / node / "discover-gpus.sh"
     addresses = ", ".join(f'"{a}"' for a in GPUS[node])
     discover.write_text(f"#!/bin/sh\necho '{{\"name\": \"gpu\", \"addresses\": [{addresses}]}}'\n")
@@ -275,7 +279,8 @@ def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
         f"hostname {node} && mount --bind {hosts_file} /etc/hosts && "
         f"mkdir -p {stage} && mount -t tmpfs -o size=1m tmpfs {stage} && {keep_in}"
         f"mount -t tmpfs -o size=2g tmpfs /tmp && {keep_out}"
-        f"export SPARK_WORKER_OPTS='{gpu_opts}' SPARK_HOME={spark_home} && "
+        f"export SPARK_WORKER_OPTS='{gpu_opts}' SPARK_HOME={spark_home} "
+        f"SPARK_LOCAL_DIRS={local} && "
         f"exec {spark_home}/bin/spark-class org.apache.spark.deploy.worker.Worker {master_url} "
         f"--host {ip} --cores 2 --memory 3g --work-dir {work}"
     )

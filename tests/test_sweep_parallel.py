@@ -54,7 +54,7 @@ try:
           runner_options={{"spark": spark}})
 except ConfigurationError as exc:
     out["refused"] = str(exc)
-r = sweep(workers.paced_trial, space, max_evals=4, np=2, parallelism="auto", seed=1,
+r = sweep(workers.paced_trial, space, max_evals=3, np=2, parallelism="auto", seed=1,
           fixed_params={{"epochs": 3, "seconds": 1.0}}, runner_options={{"spark": spark}})
 out["parent"] = r.parent_run_id
 out["best"] = [r.best_run_id, r.best_loss]
@@ -81,11 +81,14 @@ def test_two_np2_trials_run_at_once_on_a_cluster_with_room_for_two(tmp_path: Pat
     parent = mlflow.MlflowClient().get_run(out["parent"])
     assert parent.info.status == "FINISHED" and parent.data.params["parallelism"] == "2"
     children = _children(out["parent"])
-    assert [c.data.tags["mlflow_hvd.sweep.trial"] for c in children] == ["0", "1", "2", "3"]
+    assert [c.data.tags["mlflow_hvd.sweep.trial"] for c in children] == ["0", "1", "2"]
     assert {c.info.status for c in children} == {"FINISHED"}
     assert {c.data.tags["mlflow_hvd.backend"] for c in children} == {"spark"}
-    # seen from the runs themselves: the first two overlapped, and so did the last two
-    assert _overlap(children[0], children[1]) and _overlap(children[2], children[3])
+    # seen from the runs themselves: the first two overlapped; the third took the slot
+    # the first one to end freed
+    assert _overlap(children[0], children[1])
+    assert children[2].info.start_time >= min(children[0].info.end_time,
+                                               children[1].info.end_time)
     for child in children:  # each result is its own trial's: the loss follows from its x
         x = float(child.data.params["x"])
         assert child.data.metrics["val_loss"] == pytest.approx((x - 0.3) ** 2 + 1 / 3, abs=1e-5)

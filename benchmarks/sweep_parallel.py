@@ -27,6 +27,7 @@ from typing import Any
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "examples"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the executors' Python: this one
 
 
 def paced(x: float, epochs: int = 4, seconds: float = 1.0) -> float:
@@ -71,7 +72,6 @@ def main() -> None:
     mlflow.set_tracking_uri(f"sqlite:///{tmp}/bench.db")
     spark = (SparkSession.builder.master("local-cluster[2,2,1024]")
              .config("spark.ui.enabled", "false")
-             .config("spark.pyspark.python", sys.executable)
              .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
     if args.digits:
         import digits_keras

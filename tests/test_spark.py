@@ -141,7 +141,7 @@ def test_the_master_is_resolved_once_per_run(spark: Any, store: str,
 
 def test_a_session_whose_python_lacks_mlflow_hvd_is_said_in_words(tmp_path: Any) -> None:
     """A user's own session started without the driver's environment (here: Spark's Python
-    workers on the venv's base interpreter, as with ``python3`` from PATH when the venv is
+    workers on the venv's base interpreter, as ``python3`` from PATH is when the venv is
     not activated): the failure says which setting to change and to what."""
     import os
     import subprocess
@@ -154,7 +154,7 @@ def test_a_session_whose_python_lacks_mlflow_hvd_is_said_in_words(tmp_path: Any)
         "from pyspark.sql import SparkSession\n"
         "from mlflow_hvd import HorovodRunner\n"
         "spark = (SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false')"
-        f".config('spark.pyspark.python', {base!r}).getOrCreate())\n"
+        ".getOrCreate())\n"
         "try:\n"
         "    HorovodRunner(np=1, spark=spark, track=False).run(int)\n"
         "except Exception as exc:\n"
@@ -162,6 +162,7 @@ def test_a_session_whose_python_lacks_mlflow_hvd_is_said_in_words(tmp_path: Any)
     # as a user's shell has it: no test's PYTHONPATH (it holds the checkout) or PYSPARK_*
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith(
         "PYSPARK")}
+    env["PYSPARK_PYTHON"] = base  # what the context reads when it starts
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env=env)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ERROR")), "")

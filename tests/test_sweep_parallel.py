@@ -45,8 +45,7 @@ from mlflow_hvd.sweep import sweep
 
 mlflow.set_tracking_uri({uri!r})
 spark = (SparkSession.builder.master("local-cluster[2,2,1024]")
-         .config("spark.ui.enabled", "false").config("spark.pyspark.python", sys.executable)
-         .getOrCreate())
+         .config("spark.ui.enabled", "false").getOrCreate())  # PYSPARK_PYTHON: conftest's
 space = {{"x": hp.uniform("x", 0.0, 1.0)}}
 out = {{}}
 try:

@@ -64,10 +64,11 @@ def _other_python() -> str:
 
     return (
         "the executors' Python cannot import mlflow_hvd: the SparkSession runs its Python "
-        "workers with another interpreter than this driver's (spark.pyspark.python or "
-        "PYSPARK_PYTHON when the session started; Spark's default is 'python3' from PATH). "
-        f"Start the session with PYSPARK_PYTHON={sys.executable} (or "
-        f".config('spark.pyspark.python', {sys.executable!r}), or activate that environment "
-        "first); on a cluster, ship the driver's environment (HorovodRunner(ship_environment="
-        "True) on a session it builds, or spark.archives from python -m "
-        "mlflow_hvd.cli.pack_env) or install mlflow_hvd on every node")
+        "workers with another interpreter than this driver's (PYSPARK_PYTHON when the "
+        "session started, else 'python3' from PATH; a plain Python driver ignores "
+        "spark.pyspark.python). Start the session with PYSPARK_PYTHON="
+        f"{sys.executable} in the environment (os.environ['PYSPARK_PYTHON'] before "
+        "SparkSession.builder...getOrCreate(), or activate that environment first); on a "
+        "cluster, ship the driver's environment (HorovodRunner(ship_environment=True) on a "
+        "session it builds, or spark.archives from python -m mlflow_hvd.cli.pack_env) or "
+        "install mlflow_hvd on every node")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from typing import Any
 
@@ -67,7 +68,9 @@ def new_session(master: str, archive: str | None = None) -> Any:
     of :mod:`.jvm` (a class-data archive and the C1-only JIT). With ``archive``, ships it
     to the executors (``spark.archives=<archive>#environment``) and has them run its
     ``./environment/bin/python``: ``PYSPARK_PYTHON`` is what the context reads when it
-    starts (a plain Python driver ignores ``spark.pyspark.python``), set only meanwhile."""
+    starts (a plain Python driver ignores ``spark.pyspark.python``), set only meanwhile.
+    Without an archive, a ``local[...]``/``local-cluster[...]`` master's executors run this
+    driver's interpreter unless ``PYSPARK_PYTHON`` says otherwise."""
     from pyspark.sql import SparkSession
 
     builder = (
@@ -78,11 +81,17 @@ def new_session(master: str, archive: str | None = None) -> Any:
     java_options = jvm.driver_java_options()
     if java_options:
         builder = builder.config("spark.driver.defaultJavaOptions", java_options)
+    python = SHIPPED_PYTHON
     if archive is None:
-        return builder.getOrCreate()
-    builder = builder.config("spark.archives", f"{archive}#{ARCHIVE_ALIAS}")
+        if not master.startswith("local") or os.environ.get("PYSPARK_PYTHON"):
+            return builder.getOrCreate()  # a cluster's nodes: their own python3, as Spark does
+        # executors on this machine: the driver's interpreter, not whatever python3 is on
+        # PATH (a venv run without activating it)
+        python = sys.executable
+    else:
+        builder = builder.config("spark.archives", f"{archive}#{ARCHIVE_ALIAS}")
     before = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = SHIPPED_PYTHON
+    os.environ["PYSPARK_PYTHON"] = python
     try:
         return builder.getOrCreate()
     finally:

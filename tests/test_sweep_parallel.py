@@ -181,3 +181,22 @@ def test_the_sweep_entry_point_refuses_other_parallelism(text: str) -> None:
 
     with pytest.raises(ConfigurationError, match="parallelism must be a whole number"):
         parallelism_choice(text)
+
+
+@pytest.mark.slow
+def test_a_failing_trial_frees_its_slot_and_the_others_go_on(
+    store: str, tmp_path: Path
+) -> None:
+    """Two at a time, the first trial to run fails: it becomes a FAILED child, its slot
+    takes the next point (on new ranks), and the sweep ends with every trial run."""
+    marker = tmp_path / "failed-once"
+    result = sweep(workers.quadratic_torch_trial,
+                   {"x": SPACE["x"], "y": hp.choice("y", [0, 1])}, max_evals=4, np=-1,
+                   parallelism=2, fixed_params={"fail_marker": str(marker)})
+    assert marker.exists()
+    assert (result.trials, result.failed_trials) == (4, 1)
+    children = _children(result.parent_run_id)
+    assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED", "FINISHED",
+                                                       "FINISHED"]
+    assert result.best_run_id in {c.info.run_id for c in children
+                                  if c.info.status == "FINISHED"}

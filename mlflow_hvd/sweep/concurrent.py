@@ -139,7 +139,7 @@ def run_concurrently(client: Any, parent_id: str, trials: Any, plan: Plan,
             done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in done:
                 doc, runner = running.pop(future)
-                result = future.result()
+                result = future.result(timeout=0)  # in `done`: it has ended, no wait
                 _record(trials, doc, result)
                 live.end(doc["tid"], result)
                 free.append(runner)

@@ -83,7 +83,9 @@ def check_registry(client: Any, name: str) -> None:
 
 
 def _refusal(client: Any, name: str, exc: Exception) -> str:
-    uri = getattr(client, "_registry_uri", None) or "(unknown)"
+    import mlflow
+
+    uri = mlflow.get_registry_uri()  # the client's: the sweep's client takes the default
     status = _http_status(exc)
     first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
     if status in (401, 403):

@@ -12,7 +12,7 @@ demo: setup
 	$(PY) -m mlflow_hvd.cli.train --np 2 --epochs 5
 
 lint: setup
-	$(VENV)/bin/ruff check mlflow_hvd tests examples benchmarks
+	$(VENV)/bin/ruff check mlflow_hvd tests examples benchmarks scripts
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/bars.py
 	$(VENV)/bin/ruff format --check mlflow_hvd tests examples benchmarks
@@ -25,30 +25,37 @@ typecheck: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-test: setup
-	$(VENV)/bin/ruff check mlflow_hvd tests examples benchmarks
-	$(VENV)/bin/lint-imports
-	$(PY) scripts/bars.py
-	$(VENV)/bin/mypy
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-	$(PY) -m pytest -ra $(PYTEST_ARGS)
-	bash scripts/old_end.sh
+# Every tier, cheapest first, each one's wall time printed (scripts/test_tiers.sh): setup,
+# static checks (lint, layering, size tripwires, types, docs), then pytest's fast tier (no
+# JVM, no TensorFlow rank), main tier, cluster tier, and the old end. TIERS="fast" runs one.
+test:
+	PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_tiers.sh
 
 # The old end of the supported ranges (Python 3.12, TensorFlow 2.16, pyspark 3.5, MLflow
 # 3.10) in its own venv, installed as into a user's existing environment; `make test` runs it.
 test-old-end:
 	bash scripts/old_end.sh $(PYTEST_ARGS)
 
-# Re-resolve requirements/lock-py3.11.txt from pyproject.toml under requirements/pins.txt,
-# keeping the versions already locked where they still fit (UPGRADE=1: take the newest).
+# Re-resolve the main environment from pyproject.toml under requirements/pins.txt, keeping the
+# versions already locked where they still fit (UPGRADE=1: take the newest): the whole tested
+# set in one pass, then the runtime alone under it, split into requirements/lock-py3.11.txt
+# (what users run: python_env.yaml) and requirements/lock-dev-py3.11.txt (scripts/split_lock.py).
 # PyTorch's CPU build is not on PyPI: FIND_LINKS says where it lies (a directory of wheels,
 # or PyTorch's CPU index page https://download.pytorch.org/whl/cpu/torch/).
 FIND_LINKS ?= /opt/wheels
 lock: setup
+	cat requirements/lock-py3.11.txt requirements/lock-dev-py3.11.txt > .lock-whole.txt
 	$(VENV)/bin/uv pip compile pyproject.toml --extra tensorflow-cpu --extra torch --extra dev \
 	  -c requirements/pins.txt --generate-hashes --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --no-header $(if $(UPGRADE),--upgrade) \
-	  --find-links $(FIND_LINKS) -o requirements/lock-py3.11.txt
+	  --find-links $(FIND_LINKS) -o .lock-whole.txt
+	$(VENV)/bin/uv pip compile pyproject.toml --extra tensorflow-cpu --extra torch \
+	  -c .lock-whole.txt --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --no-header --find-links $(FIND_LINKS) \
+	  -o .lock-runtime.txt
+	$(PY) scripts/split_lock.py .lock-whole.txt .lock-runtime.txt requirements/lock-py3.11.txt \
+	  requirements/lock-dev-py3.11.txt
+	rm -f .lock-whole.txt .lock-runtime.txt
 	$(VENV)/bin/uv pip compile pyproject.toml requirements/old-end.in --extra tensorflow-cpu \
 	  --generate-hashes --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
 	  --no-header $(if $(UPGRADE),--upgrade) -o requirements/lock-old-end-py3.12.txt

@@ -1,7 +1,7 @@
-"""Size bars: no function of the package over 60 lines of code (docstrings, comments and
-blank lines excluded), no module of it over 450 lines, and ``time.sleep`` in the tests only
-where it stands for a slow or stuck process (the tiny workers, the rank-side Gloo stand-in,
-the outage set-ups) or paces the one polling helper (``services.wait_until``).
+"""Tripwires, not targets: no function of the package over 100 lines of code (docstrings,
+comments and blank lines excluded), no module of it over 700 lines, and ``time.sleep`` in
+the tests only where it stands for a slow or stuck process (the tiny workers, the rank-side
+Gloo stand-in, the outage set-ups) or paces the one polling helper (``services.wait_until``).
 
 Run: ``python scripts/bars.py`` (``make lint`` and ``make test`` run it); exits 1 naming
 every place over a bar.
@@ -15,8 +15,10 @@ import sys
 import tokenize
 from pathlib import Path
 
-MAX_FUNCTION_LINES = 60
-MAX_MODULE_LINES = 450
+# far above today's files: code splits where its meaning splits (docs/development.md), and
+# only a file that has clearly outgrown one concern trips these
+MAX_FUNCTION_LINES = 100
+MAX_MODULE_LINES = 700
 # test files whose sleeps stand for a slow or stuck process, or pace the polling helper
 SLEEP_ALLOWED = {"workers.py", "gloo_rendezvous.py", "services.py", "test_faults.py"}
 ROOT = Path(__file__).resolve().parent.parent

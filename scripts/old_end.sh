@@ -6,13 +6,20 @@
 #   2. `pip install -e '.[tensorflow-cpu]'`, which must keep every version already there;
 #   3. `python -m mlflow_hvd.cli.horovod`, which builds Horovod against that TensorFlow (once:
 #      the wheel is cached like the main environment's).
-# Then runs the tests marked old_end. Idempotent: steps 1-2 are skipped while the lock and
-# pyproject.toml are unchanged.
+# Then runs the tests marked old_end (`--prepare`: stops before them).
+#
+# Step 1's environment depends on the lock alone: it lives outside the checkout, in the cache
+# (like Horovod's wheels; $MLFLOW_HVD_CACHE/venvs/old-end-<digest of the lock and Python>),
+# so a new clone on the same machine reuses it; the two most recently used are kept.
+# `.venv-old-end` in the checkout links to it. OLD_END_VENV=<dir> uses that directory instead.
+# Steps 2-3 run again whenever the checkout or pyproject.toml differ from the last run's.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${OLD_END_VENV:-$ROOT/.venv-old-end}"
 LOCK="$ROOT/requirements/lock-old-end-py3.12.txt"
+CACHE_ROOT="${MLFLOW_HVD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlflow_hvd}"
+PREPARE_ONLY=0
+if [ "${1:-}" = "--prepare" ]; then PREPARE_ONLY=1; shift; fi
 
 die() { echo "old-end: $*" >&2; exit 1; }
 
@@ -32,21 +39,52 @@ PYTHON="$(find_python)" || die "Python 3.12 not found: install it (e.g. 'pyenv i
 [ "$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "3.12" ] \
   || die "$PYTHON is not Python 3.12"
 
-if [ ! -x "$VENV/bin/python" ]; then
+ENV_KEY="$( (cat "$LOCK"; "$PYTHON" -c 'import sys; print(sys.version, sys.executable)') \
+  | sha256sum | cut -c1-16)"
+if [ -n "${OLD_END_VENV:-}" ]; then
+  VENV="$OLD_END_VENV"
+else
+  VENV="$CACHE_ROOT/venvs/old-end-$ENV_KEY"
+  mkdir -p "$CACHE_ROOT/venvs"
+  ln -sfn "$VENV" "$ROOT/.venv-old-end"
+fi
+mkdir -p "$(dirname "$VENV")"
+# one builder at a time per environment (two clones' CI on one machine)
+exec 9> "$VENV.lock"
+flock -w 1800 9 || die "another run held $VENV.lock for 30 minutes"
+
+PY="$VENV/bin/python"
+ENV_STAMP="$VENV/.mlflow_hvd-old-end-env"
+if [ ! -f "$ENV_STAMP" ] || [ "$(cat "$ENV_STAMP")" != "$ENV_KEY" ]; then
+  rm -rf "$VENV"
   echo "old-end: creating $VENV with $PYTHON"
   "$PYTHON" -m venv "$VENV"
-fi
-PY="$VENV/bin/python"
-STAMP="$VENV/.mlflow_hvd-old-end"
-KEY="$(cat "$LOCK" "$ROOT/pyproject.toml" "$0" | sha256sum | cut -c1-16)"
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$KEY" ]; then
   "$PY" -m pip install --quiet --upgrade "pip>=24"
   "$PY" -m pip install --quiet --require-hashes -r "$LOCK"
+  echo "$ENV_KEY" > "$ENV_STAMP"
+else
+  echo "old-end: reusing $VENV (the lock's environment)"
+fi
+touch "$ENV_STAMP"  # most recently used: kept by the pruning below
+# the two most recently used environments stay; older ones (older locks) go
+if [ -z "${OLD_END_VENV:-}" ]; then
+  ls -dt "$CACHE_ROOT"/venvs/old-end-*/.mlflow_hvd-old-end-env 2>/dev/null | tail -n +3 \
+    | while read -r stale; do
+        old="$(dirname "$stale")"
+        echo "old-end: removing the unused environment $old"
+        rm -rf "$old" "$old.lock"
+      done
+fi
+
+STAMP="$VENV/.mlflow_hvd-old-end"
+KEY="$( (echo "$ROOT"; cat "$LOCK" "$ROOT/pyproject.toml" "$0") | sha256sum | cut -c1-16)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$KEY" ]; then
   before="$("$PY" -m pip freeze --exclude-editable | grep -iv '^mlflow[-_]hvd' | sort)"
   "$PY" -m pip install --quiet -e "$ROOT[tensorflow-cpu]"
   after="$("$PY" -m pip freeze --exclude-editable | grep -iv '^mlflow[-_]hvd' | sort)"
   if [ "$before" != "$after" ]; then
     diff <(echo "$before") <(echo "$after") >&2 || true
+    rm -rf "$VENV"  # no longer the lock's environment
     die "installing mlflow_hvd changed the environment's packages (above): it must keep the user's"
   fi
   echo "old-end: mlflow_hvd installed; the environment's $(echo "$after" | wc -l) packages are unchanged"
@@ -54,5 +92,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$KEY" ]; then
 fi
 "$PY" -m mlflow_hvd.cli.horovod
 "$PY" -c 'import sys, mlflow, pyspark, tensorflow as tf, keras; print("old-end: Python %d.%d.%d" % sys.version_info[:3], "TensorFlow", tf.__version__, "Keras", keras.__version__, "pyspark", pyspark.__version__, "MLflow", mlflow.__version__)' 2>/dev/null
+[ "$PREPARE_ONLY" = 1 ] && exit 0
+flock -u 9
 cd "$ROOT"
-exec "$PY" -m pytest -ra -m old_end "$@"
+MLFLOW_HVD_TIER=old-end exec "$PY" -m pytest -ra -m old_end "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (when missing) and installs the tested environment: requirements/lock-py3.11.txt
-# (hash-checked; PyTorch's CPU build among them, found where pip finds links), this project
+# (what users run; hash-checked; PyTorch's CPU build among them, found where pip finds links)
+# with requirements/lock-dev-py3.11.txt (test, lint, type, docs and browser tools), this project
 # (editable), and a Horovod 0.28.1 wheel built from source with Gloo + TensorFlow + PyTorch and
 # cached outside the repo.
 # Idempotent: a second run with nothing changed finishes in seconds.
@@ -46,7 +47,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 STAMP="$VENV/.mlflow_hvd-setup"
-KEY="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/requirements/lock-py3.11.txt" | sha256sum | cut -c1-16)"
+KEY="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/requirements/lock-py3.11.txt" "$ROOT/requirements/lock-dev-py3.11.txt" | sha256sum | cut -c1-16)"
 # Spark's driver JVM starts in about half the time with a class-data archive of its classes
 # (mlflow_hvd/backends/spark/jvm.py); built once per Java + Spark, in the cache. Optional: a
 # failure is reported and setup goes on.
@@ -62,7 +63,8 @@ fi
 
 "$PY" -m pip install --quiet --upgrade "pip>=24"
 # the exact tested set, every transitive version and its hashes (refresh: `make lock`)
-"$PY" -m pip install --quiet --require-hashes -r "$ROOT/requirements/lock-py3.11.txt"
+"$PY" -m pip install --quiet --require-hashes -r "$ROOT/requirements/lock-py3.11.txt" \
+  -r "$ROOT/requirements/lock-dev-py3.11.txt"
 "$PY" -m pip install --quiet --no-deps -e "$ROOT"
 # Horovod: built from its hash-checked sdist against the TensorFlow and PyTorch above, once
 # per Horovod/TensorFlow/PyTorch/Python/CPU, and cached under $CACHE_ROOT/wheels

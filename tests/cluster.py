@@ -114,6 +114,24 @@ class Cluster:
         """A lost machine: every process in the node's namespace gets SIGKILL."""
         _kill_namespace(self.namespace(node))
 
+    def use_nodes(self, bare: bool) -> None:
+        """Restart both workers as bare nodes (:func:`hidden_on_bare_nodes`) or as nodes
+        with the driver's environment, unless they already are; the network, the master and
+        the tracking server stay. The executors' work dirs go with the old workers."""
+        if bare == self.bare:
+            return
+        for node in NODES:
+            self.kill_node(node)
+        wait_until(lambda: not alive_workers(self.master_ui), 90,
+                   "the master to see both workers gone")
+        _discard_work_dirs()
+        self.bare = bare
+        for node in NODES:
+            self.workers[node] = _start_worker(node, self.node_ips[node], self.master_url,
+                                               self.state / "hosts", self.state, bare)
+        wait_until(lambda: len(alive_workers(self.master_ui)) == len(NODES), 90,
+                   f"both {'bare ' if bare else ''}workers registered with the master")
+
     def restart_node(self, node: str) -> None:
         """Bring a killed node's worker back and wait until the master counts it alive."""
         self.workers[node] = _start_worker(node, self.node_ips[node], self.master_url,
@@ -381,16 +399,19 @@ def _discard_work_dirs() -> None:
 
 def drive(cluster: Cluster, body: str, cwd: Path, timeout: float = 300, **env: str) -> Any:
     """Run a driver program; returns what it printed after ``RESULT`` (JSON), or the
-    error it raised as ``{"error": type, "message": ...}``."""
+    error it raised as ``{"error": type, "message": ..., "elapsed": ...}``: seconds from
+    ``t0 = time.monotonic()`` in the body to the error (None if the body set no ``t0``)."""
     script = "\n".join([
-        "import json, sys",
+        "import json, sys, time",
         f"sys.path.insert(0, {str(TESTS)!r})",
         "import workers",
         "from mlflow_hvd import HorovodRunner",
+        "t0 = None  # a body sets it where the wait it tests starts",
         "try:",
         textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),
         "except Exception as exc:",
-        "    print('RESULT ' + json.dumps({'error': type(exc).__name__, 'message': str(exc)}))",
+        "    print('RESULT ' + json.dumps({'error': type(exc).__name__, 'message': str(exc),",
+        "        'elapsed': None if t0 is None else time.monotonic() - t0}))",
         "else:",
         "    print('RESULT ' + json.dumps(result))",
     ])

@@ -72,6 +72,16 @@ def warm_ranks() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def namespace_cluster() -> Iterator[Any]:
+    """The two-node namespace cluster (tests/cluster.py), started once for the session: the
+    cluster modules share it (each picks its nodes: with the driver's environment, or bare)."""
+    from cluster import cluster_for_tests
+
+    with cluster_for_tests() as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
 def _loopback_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from services import MlflowServer
 
@@ -142,7 +152,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """In CI (``CI`` set) a skipped test fails the run: every tier must run there. The
-    namespace cluster's opt-out (``MLFLOW_HVD_NO_NAMESPACES=1``) is for local runs only."""
+    namespace cluster's opt-out (``MLFLOW_HVD_NO_NAMESPACES=1``) is for local runs only.
+    In the fast tier, a test whose ranks imported TensorFlow or PyTorch fails the run."""
+    if FAST_TIER:
+        heavy = ranks_that_imported_a_framework()
+        if heavy:
+            sys.stderr.write(
+                f"\nfast tier: {len(heavy)} test(s) started ranks that imported TensorFlow or "
+                f"PyTorch; mark them `ranks` (or use warm_ranks): {', '.join(sorted(heavy))}\n")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if not os.environ.get("CI"):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -152,6 +170,58 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         sys.stderr.write(f"\nCI: {len(skipped)} test(s) skipped, which CI counts as failures: "
                          f"{names}\n")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# Markers follow fixtures: a test that uses one of these is marked without anyone
+# remembering to (the tiers of scripts/test_tiers.sh select by marker).
+MARKED_BY_FIXTURE = {
+    "spark": "spark",  # the shared local-cluster session: JVMs
+    "warm_ranks": "ranks",  # Horovod ranks that import TensorFlow
+    "namespace_cluster": "cluster",  # the two-node namespace cluster
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            marker = MARKED_BY_FIXTURE.get(fixture)
+            if marker is not None and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
+
+FAST_TIER = os.environ.get("MLFLOW_HVD_TIER") == "fast"
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_jvm() -> Iterator[None]:
+    """In the fast tier (``MLFLOW_HVD_TIER=fast``), a test that leaves a JVM running under
+    this process (a SparkSession) fails, naming the markers that move it to a later tier."""
+    yield
+    if FAST_TIER:
+        jvms = [p.pid for p in psutil.Process().children(recursive=True)
+                if _is_java(p)]
+        if jvms:
+            pytest.fail(f"the fast tier runs no JVM, but this test left one running (pids "
+                        f"{jvms}): use the `spark` fixture or mark it `spark`")
+
+
+def _is_java(proc: psutil.Process) -> bool:
+    try:
+        return proc.name() == "java"
+    except psutil.Error:
+        return False
+
+
+def ranks_that_imported_a_framework() -> dict[str, list[str]]:
+    """Tests of this session whose rank processes imported TensorFlow or PyTorch (from the
+    audit log): test id -> the log's lines."""
+    every = _TF_LOG.read_text().splitlines() if _TF_LOG.exists() else []
+    found: dict[str, list[str]] = {}
+    for line in every:
+        if "rank/worker.py" in line or "rank.worker" in line:
+            test = line.rsplit("[", 1)[-1].rstrip("]")
+            found.setdefault(test or "?", []).append(line)
+    return found
 
 
 def worker_processes() -> list[psutil.Process]:

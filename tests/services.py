@@ -260,7 +260,10 @@ def start_mlflow_server(host: str, root: Path, timeout: float = 90.0, port: int 
     ``tls``: HTTPS with a certificate of :func:`self_signed` (``root / "tls" / "ca.pem"`` is
     the CA bundle clients need)."""
     root.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **(auth_config(root) if auth else {})}
+    # without MLflow's job runner: it starts five more Python processes per server (each
+    # importing MLflow) for GenAI jobs that no test uses
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+           **(auth_config(root) if auth else {})}
     extra = ["--app-name", "basic-auth"] if auth else []
     if tls:
         _, cert, key = self_signed(root / "tls", host)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from mlflow_hvd.common.environment import read_fingerprint
+from mlflow_hvd.errors import EnvironmentArchiveError
 from mlflow_hvd.protocol.environment import FINGERPRINT_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -293,3 +295,19 @@ def test_executors_unpack_a_shipped_environment_once_under_its_own_deadline() ->
         "preparing the shipped environment failed: an executor cannot start the shipped "
         f"environment's interpreter ./environment/bin/python: it is a link to "
         f"{shipped.base_python}, which venv-pack does not copy")
+
+
+def test_the_compression_level_comes_from_the_environment_and_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mlflow_hvd.common.env_archive import COMPRESS_ENV, compress_level_setting, suffix
+
+    monkeypatch.delenv(COMPRESS_ENV, raising=False)
+    assert compress_level_setting() == 1 and suffix(1) == ".tar.gz"
+    monkeypatch.setenv(COMPRESS_ENV, "0")
+    assert compress_level_setting() == 0 and suffix(0) == ".tar"
+    for bad in ("10", "-1", "fast", "1.5"):
+        monkeypatch.setenv(COMPRESS_ENV, bad)
+        with pytest.raises(EnvironmentArchiveError, match=(
+                rf"^{COMPRESS_ENV}='{re.escape(bad)}': must be a gzip level from 0 to 9")):
+            compress_level_setting()

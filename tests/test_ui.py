@@ -25,7 +25,7 @@ from typing import Any
 
 import mlflow
 import pytest
-from services import start_mlflow_server, stop_group
+from services import stop_group
 
 pytestmark = pytest.mark.slow
 
@@ -40,14 +40,21 @@ WAIT_MS = 60_000  # every wait for the UI has this deadline
 @dataclass(frozen=True)
 class Tracked:
     url: str
+    experiment_id: str
     plain_id: str
     plain_name: str
     parent_id: str
     trial_ids: tuple[str, ...]  # by trial number
 
 
+MODEL = "ui-digits"  # the registered model (the server is the suite's: a name of its own)
+
+
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tracked]:
+def tracked(tmp_path_factory: pytest.TempPathFactory, _loopback_server: Any) -> Iterator[Tracked]:
+    """The suite's shared ``mlflow server``, an experiment of this module's own: the main
+    entry point's run (a subprocess on its own Spark session) and, while it trains, the
+    sweep (local ranks in this process)."""
     from hyperopt import hp
 
     sys.path.insert(0, str(REPO / "examples"))
@@ -57,40 +64,52 @@ def tracked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tracked]:
     from mlflow_hvd.sweep import MedianRule, sweep
 
     root = tmp_path_factory.mktemp("ui")
-    server, url = start_mlflow_server("127.0.0.1", root / "server")
+    if not _loopback_server.is_up():  # an earlier test's outage
+        _loopback_server.restart()
+    url = _loopback_server.url
     old = mlflow.get_tracking_uri()
+    client = mlflow.MlflowClient(tracking_uri=url)
+    name = f"ui-{root.name}"
+    experiment_id = client.create_experiment(name)
+    data = root / "digits_parquet"
+    digits_to_parquet.write(str(data))
+    # the `main` entry point's command, as MLproject runs it
+    log = root / "main.log"
+    main = subprocess.Popen(
+        [sys.executable, "-m", "mlflow_hvd.cli.train", "--np", "2", "--spark-master",
+         "local[2]", "--epochs", str(EPOCHS), "--data", str(data), "--train",
+         "examples/digits_torch.py:train"],
+        cwd=REPO, env={**os.environ, "MLFLOW_TRACKING_URI": url,
+                       "MLFLOW_EXPERIMENT_NAME": name},
+        stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True)
     try:
-        data = root / "digits_parquet"
-        digits_to_parquet.write(str(data))
-        # the `main` entry point's command, as MLproject runs it
-        proc = subprocess.run(
-            [sys.executable, "-m", "mlflow_hvd.cli.train", "--np", "2", "--spark-master",
-             "local[2]", "--epochs", str(EPOCHS), "--data", str(data), "--train",
-             "examples/digits_torch.py:train"],
-            cwd=REPO, env={**os.environ, "MLFLOW_TRACKING_URI": url}, capture_output=True,
-            text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-3000:]
         mlflow.set_tracking_uri(url)
-        client = mlflow.MlflowClient()
-        (plain,) = client.search_runs(["0"])
+        mlflow.set_experiment(experiment_id=experiment_id)
         # seed 5 samples learning rates 0.01, 0.01, 1e-6: the third trial cannot learn and
         # the median rule (over the two trials before it) stops it after its first epoch
         space = {"learning_rate": hp.choice("learning_rate", [0.01, 1e-6]),
                  "batch_size": hp.choice("batch_size", [32])}
         result = sweep(digits_torch.train, space, max_evals=3, np=-2, seed=5,
                        prune=MedianRule(min_trials=2), fixed_params={"epochs": 3},
-                       register_model="digits")
+                       register_model=MODEL)
         assert result.pruned_trials == 1 and result.registered_version == "1"
+        assert main.wait(timeout=900) == 0, log.read_text(errors="replace")[-3000:]
         trials = sorted(
-            client.search_runs(["0"], f"tags.mlflow.parentRunId = '{result.parent_run_id}'"),
+            client.search_runs([experiment_id],
+                               f"tags.mlflow.parentRunId = '{result.parent_run_id}'"),
             key=lambda r: int(r.data.tags["mlflow_hvd.sweep.trial"]))
         assert [t.data.tags.get("mlflow_hvd.sweep.pruned_at_epoch") for t in trials] == [
             None, None, "1"]
-        yield Tracked(url, plain.info.run_id, plain.info.run_name, result.parent_run_id,
-                      tuple(t.info.run_id for t in trials))
+        (plain,) = [r for r in client.search_runs([experiment_id])
+                    if r.info.run_id != result.parent_run_id
+                    and "mlflow.parentRunId" not in r.data.tags]
+        yield Tracked(url, experiment_id, plain.info.run_id, plain.info.run_name,
+                      result.parent_run_id, tuple(t.info.run_id for t in trials))
     finally:
+        if main.poll() is None:
+            stop_group(main)
         mlflow.set_tracking_uri(old)
-        stop_group(server)
+        mlflow.set_experiment(experiment_id="0")  # the session store's default
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +147,7 @@ def shot(page: Any, name: str) -> None:
 
 
 def open_runs_table(page: Any, t: Tracked) -> None:
-    page.goto(f"{t.url}/#/experiments/0/runs")
+    page.goto(f"{t.url}/#/experiments/{t.experiment_id}/runs")
     page.get_by_role("link", name=t.plain_name, exact=True).wait_for()
     close = page.get_by_role("button", name="Close", exact=True)  # the assistant's panel
     if close.count() and close.first.is_visible():
@@ -177,7 +196,7 @@ def test_the_runs_table_nests_the_trials_under_the_sweep_and_marks_the_pruned_on
     check_nesting(page, tracked)
     # the best trial's row names its registered model version
     best = row_index(page, "trial-0")
-    assert re.fullmatch(r"digits\s+v1", cell_text(page, best, "Models")), cell_text(
+    assert re.fullmatch(rf"{MODEL}\s+v1", cell_text(page, best, "Models")), cell_text(
         page, best, "Models")
     # the pruned trial's tag, shown as a column chosen from the column selector
     page.get_by_role("button", name="Columns", exact=True).click()

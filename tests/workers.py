@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import gloo_rendezvous  # by value, like this module: ranks cannot import tests/
@@ -78,8 +79,8 @@ def log_level_seen() -> str:
 
 
 def echo(**kwargs: Any) -> dict[str, Any]:
-    """No Horovod at all: returns its kwargs and rank from the environment."""
-    return {"kwargs": kwargs, "rank": int(os.environ["HOROVOD_RANK"])}
+    """No Horovod at all: returns its kwargs, rank (from the environment) and pid."""
+    return {"kwargs": kwargs, "rank": int(os.environ["HOROVOD_RANK"]), "pid": os.getpid()}
 
 
 def long_line(nbytes: int) -> int:
@@ -398,9 +399,11 @@ def log_steadily(n: int, interval: float, until: str | None = None,
     return n
 
 
-def kill_group_then_return(pgid: int, value: Any = "done", log_n: int = 0) -> Any:
+def kill_group_then_return(pgid: int, value: Any = "done", log_n: int = 0,
+                           ended: str = "") -> Any:
     """Rank 0 SIGKILLs a process group (e.g. the MLflow server), then logs ``log_n``
-    values of ``y``, a tag and an artifact (if ``log_n``), and returns ``value``."""
+    values of ``y``, a tag and an artifact (if ``log_n``), writes the time its function
+    ends to ``ended`` (if given) and returns ``value``."""
     from mlflow_hvd import tracking
 
     if _rank() == 0:
@@ -410,12 +413,14 @@ def kill_group_then_return(pgid: int, value: Any = "done", log_n: int = 0) -> An
     if log_n:
         tracking.set_tag("after", "kill")
         tracking.log_dict({"n": log_n}, "late/n.json")
+    if ended:
+        Path(ended).write_text(repr(time.time()))
     return value
 
 
-def kill_group_then_raise(pgid: int) -> None:
+def kill_group_then_raise(pgid: int, ended: str = "") -> None:
     """Rank 0 SIGKILLs a process group (e.g. the MLflow server), then raises."""
-    kill_group_then_return(pgid)
+    kill_group_then_return(pgid, ended=ended)
     raise RuntimeError("the job's own error")
 
 

@@ -24,9 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--compress-level", type=int, choices=range(10), default=1,
-                        metavar="0-9", help="gzip level (default 1); 0: a plain .tar, "
-                        "three times the bytes to send, half the time to unpack")
+    parser.add_argument("--compress-level", type=int, choices=range(10), default=None,
+                        metavar="0-9", help="gzip level (default: $MLFLOW_HVD_PACK_COMPRESS_"
+                        "LEVEL, else 1); 0: a plain .tar, three times the bytes to send, "
+                        "half the time to unpack")
     args = parser.parse_args(argv)
     try:
         packed = pack_environment(compress_level=args.compress_level)

@@ -117,15 +117,39 @@ def digest_of(fingerprint: EnvironmentFingerprint, sources: dict[str, str]) -> s
     return h.hexdigest()
 
 
-def pack_environment(cache: Path | None = None, compress_level: int = 1
+COMPRESS_ENV = "MLFLOW_HVD_PACK_COMPRESS_LEVEL"
+DEFAULT_COMPRESS_LEVEL = 1
+
+
+def compress_level_setting() -> int:
+    """The gzip level archives are packed with when no caller names one:
+    ``MLFLOW_HVD_PACK_COMPRESS_LEVEL`` (0-9; 0 writes a plain ``.tar``), default 1.
+
+    Raises:
+        EnvironmentArchiveError: The variable is not a whole number from 0 to 9.
+    """
+    text = os.environ.get(COMPRESS_ENV, "").strip()
+    if not text:
+        return DEFAULT_COMPRESS_LEVEL
+    if not (text.isdigit() and 0 <= int(text) <= 9):
+        raise EnvironmentArchiveError(
+            f"{COMPRESS_ENV}={text!r}: must be a gzip level from 0 to 9 (0: a plain .tar, "
+            f"no compression); unset it for the default {DEFAULT_COMPRESS_LEVEL}")
+    return int(text)
+
+
+def pack_environment(cache: Path | None = None, compress_level: int | None = None
                      ) -> PackedEnvironment:
     """This interpreter's venv as an archive for ``spark.archives``: the cached one when
-    nothing changed, else packed now.
+    nothing changed, else packed now, with gzip level ``compress_level`` (None:
+    :func:`compress_level_setting`; 0: a plain ``.tar``).
 
     Raises:
         EnvironmentArchiveError: Not a venv, or venv-pack refuses it (e.g. an editable
-            install through a path in a ``.pth`` file).
+            install through a path in a ``.pth`` file), or a bad compression setting.
     """
+    if compress_level is None:
+        compress_level = compress_level_setting()
     if sys.prefix == sys.base_prefix:
         raise EnvironmentArchiveError(
             f"{sys.prefix} is not a virtual environment: venv-pack packs venvs (python -m "

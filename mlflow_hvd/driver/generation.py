@@ -117,8 +117,9 @@ class Generation:
         self._handed = 0  # jobs handed out after the first: a waiting rank's ticket
         ensure_open_files(np)
         self.rendezvous = Rendezvous(np, driver_host)
-        self._route = message_router(self.events, self.rendezvous, self._undelivered,
-                                     self.tasks, self._fed)
+        route = message_router(self.events, self.rendezvous, self._undelivered, self.tasks,
+                               self._fed)
+        self._route = self._noting_idle_exits(route)
         answer = request_router(
             self._tracking, layout_answer(self.tasks, self.rendezvous, self.events),
             credentials_answer(self.secret, self._credentials),
@@ -231,6 +232,19 @@ class Generation:
         self._cond.notify_all()
         log.info("%s: rank %d idle for %.0fs (idle limit): retiring its ranks",
                  self.name, rank, idle.seconds)
+
+    def _noting_idle_exits(self, route: Callable[[object], None]) -> Callable[[object], None]:
+        """``route``, and a log line when a rank that waits for the next job ends (the next
+        ``hand_out`` then refuses this generation)."""
+
+        def on_message(message: object) -> None:
+            if isinstance(message, WorkerExited) and message.rank in self._waiting:
+                log.info("%s: rank %d on %s ended between jobs (exit %d); the next job "
+                         "starts new ranks", self.name, message.rank, message.host,
+                         message.exit_code)
+            route(message)
+
+        return on_message
 
     def _gone_between_jobs(self) -> str:
         """A description of ranks that ended while idle (their exit reports queued)."""

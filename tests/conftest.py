@@ -152,15 +152,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """In CI (``CI`` set) a skipped test fails the run: every tier must run there. The
-    namespace cluster's opt-out (``MLFLOW_HVD_NO_NAMESPACES=1``) is for local runs only.
-    In the fast tier, a test whose ranks imported TensorFlow or PyTorch fails the run."""
-    if FAST_TIER:
-        heavy = ranks_that_imported_a_framework()
-        if heavy:
-            sys.stderr.write(
-                f"\nfast tier: {len(heavy)} test(s) started ranks that imported TensorFlow or "
-                f"PyTorch; mark them `ranks` (or use warm_ranks): {', '.join(sorted(heavy))}\n")
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    namespace cluster's opt-out (``MLFLOW_HVD_NO_NAMESPACES=1``) is for local runs only."""
     if not os.environ.get("CI"):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -193,16 +185,24 @@ FAST_TIER = os.environ.get("MLFLOW_HVD_TIER") == "fast"
 
 
 @pytest.fixture(autouse=True)
-def _fast_tier_starts_no_jvm() -> Iterator[None]:
-    """In the fast tier (``MLFLOW_HVD_TIER=fast``), a test that leaves a JVM running under
-    this process (a SparkSession) fails, naming the markers that move it to a later tier."""
+def _fast_tier_guard() -> Iterator[None]:
+    """In the fast tier (``MLFLOW_HVD_TIER=fast``) a test fails when it leaves a JVM running
+    under this process (a SparkSession) or when a rank it started imported TensorFlow or
+    PyTorch (the audit log grew), naming the marker that moves it to a later tier."""
+    if not FAST_TIER:
+        yield
+        return
+    before = len(rank_imports())
     yield
-    if FAST_TIER:
-        jvms = [p.pid for p in psutil.Process().children(recursive=True)
-                if _is_java(p)]
-        if jvms:
-            pytest.fail(f"the fast tier runs no JVM, but this test left one running (pids "
-                        f"{jvms}): use the `spark` fixture or mark it `spark`")
+    jvms = [p.pid for p in psutil.Process().children(recursive=True) if _is_java(p)]
+    if jvms:
+        pytest.fail(f"the fast tier runs no JVM, but this test left one running (pids "
+                    f"{jvms}): use the `spark` fixture or mark it `spark`")
+    new = rank_imports()[before:]
+    if new:
+        pytest.fail(f"the fast tier starts no rank that imports TensorFlow or PyTorch, but "
+                    f"{len(new)} of this test's did: mark it `ranks` (or use warm_ranks); "
+                    f"{new[0]}")
 
 
 def _is_java(proc: psutil.Process) -> bool:
@@ -212,16 +212,10 @@ def _is_java(proc: psutil.Process) -> bool:
         return False
 
 
-def ranks_that_imported_a_framework() -> dict[str, list[str]]:
-    """Tests of this session whose rank processes imported TensorFlow or PyTorch (from the
-    audit log): test id -> the log's lines."""
+def rank_imports() -> list[str]:
+    """The audit log's lines of rank processes that imported TensorFlow or PyTorch."""
     every = _TF_LOG.read_text().splitlines() if _TF_LOG.exists() else []
-    found: dict[str, list[str]] = {}
-    for line in every:
-        if "rank/worker.py" in line or "rank.worker" in line:
-            test = line.rsplit("[", 1)[-1].rstrip("]")
-            found.setdefault(test or "?", []).append(line)
-    return found
+    return [ln for ln in every if "rank/worker.py" in ln or "rank.worker" in ln]
 
 
 def worker_processes() -> list[psutil.Process]:

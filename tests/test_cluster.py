@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,133 @@ def cluster(namespace_cluster: Cluster) -> Iterator[Cluster]:
 def client(cluster: Cluster) -> Iterator[Any]:
     with tracking_client(cluster) as c:
         yield c
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one driver program's four jobs did (:func:`batch`): each case's value or error
+    (with the seconds from its ``run()`` to the error), and where they wrote."""
+
+    cases: dict[str, Any]
+    store_uri: str  # the SQLite store on the driver's disk (case "driver_disk")
+    server_url: str  # a server the nodes cannot reach (case "unreachable")
+    experiment: str
+    gpu_views: Path
+
+
+@pytest.fixture(scope="module")
+def batch(cluster: Cluster, _loopback_server: Any,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Batch]:
+    """Four failure and placement cases that need no session of their own run as four jobs
+    of one driver program (one Spark application: its executors start once), each with the
+    tracking URI its case needs; each test below asserts one case."""
+    from cluster import STATE
+
+    root = tmp_path_factory.mktemp("cluster-batch")
+    views = STATE / "gpu-views"
+    shutil.rmtree(views, ignore_errors=True)
+    views.mkdir(parents=True)
+    store_uri = f"sqlite:///{root}/local.db"
+    # reachable from the driver's namespace only: loopback
+    if not _loopback_server.is_up():
+        _loopback_server.restart()
+    experiment = f"unreachable-{root.name}"  # the server is shared with other tests
+    out = drive(cluster, f"""
+        import mlflow
+        from pyspark.sql import SparkSession
+        # each node's worker offers two (fake) GPUs: each task is given one
+        spark = (SparkSession.builder.config("spark.executor.resource.gpu.amount", "2")
+                 .config("spark.task.resource.gpu.amount", "1").getOrCreate())
+        result = {{}}
+
+        def case(name, tracking_uri, experiment, runner, fn, **kwargs):
+            mlflow.set_tracking_uri(tracking_uri)
+            if experiment:
+                mlflow.set_experiment(experiment)
+            t0 = time.monotonic()
+            try:
+                result[name] = {{"value": runner.run(fn, **kwargs)}}
+            except Exception as exc:
+                result[name] = {{"error": type(exc).__name__, "message": str(exc),
+                                 "elapsed": time.monotonic() - t0}}
+
+        case("np5", {cluster.mlflow_url!r}, None,
+             HorovodRunner(np=5, slot_timeout={SLOT_TIMEOUT}, spark=spark), workers.collectives)
+        case("driver_disk", {store_uri!r}, None, HorovodRunner(np=2, spark=spark),
+             workers.metric_then_file)
+        case("unreachable", {_loopback_server.url!r}, {experiment!r},
+             HorovodRunner(np=2, start_timeout={START_TIMEOUT}, spark=spark),
+             workers.collectives)
+        case("gpus", {cluster.mlflow_url!r}, None, HorovodRunner(np=4, spark=spark, track=False),
+             workers.gpu_view, out_dir={str(views)!r})
+    """, root, timeout=600)
+    assert "error" not in out, out  # the program itself, not a case, failed
+    yield Batch(out, store_uri, _loopback_server.url, experiment, views)
+    shutil.rmtree(views, ignore_errors=True)
+
+
+SLOT_TIMEOUT = 10
+START_TIMEOUT = 60  # the job's start deadline (case "unreachable")
+REACH = 10  # rank 0's check that it reaches the tracking server
+
+
+def test_np_larger_than_the_cluster_fails_at_once(cluster: Cluster, batch: Batch) -> None:
+    out = batch.cases["np5"]
+    assert out.get("error") == "InsufficientSlotsError", out
+    assert out["elapsed"] < SLOT_TIMEOUT + FAILING_RUN, out
+    assert out["message"].startswith(
+        f"np=5 needs 5 concurrent barrier task slots but the Spark cluster (master "
+        f"{cluster.master_url}) offers 4"
+    )
+
+
+def test_executors_that_cannot_reach_the_tracking_server_fail_before_training(
+    batch: Batch,
+) -> None:
+    out = batch.cases["unreachable"]
+    url = batch.server_url
+    client = mlflow.MlflowClient(tracking_uri=url)
+    (run,) = client.search_runs([client.get_experiment_by_name(batch.experiment).experiment_id])
+    assert out.get("error") == "WorkerFailedError", out
+    assert out["elapsed"] < START_TIMEOUT + REACH + FAILING_RUN, out
+    assert f"cannot reach the MLflow tracking server {url} within {REACH}s" in out["message"]
+    assert out["message"].startswith("Rank 0 on host node-")
+    assert run.info.status == "FAILED"
+
+
+def test_a_store_on_the_drivers_disk_gets_metrics_and_refuses_files_clearly(
+    batch: Batch,
+) -> None:
+    """A SQLite store in the driver's /tmp, which the nodes do not see: metrics reach it
+    through the driver; a file would land on the node's own disk, so it is refused."""
+    out = batch.cases["driver_disk"]
+    client = mlflow.MlflowClient(tracking_uri=batch.store_uri)
+    (run,) = client.search_runs(["0"])
+    folder = run.info.artifact_uri
+    assert out.get("error") == "WorkerFailedError", out
+    assert out["message"].startswith("Rank 0 on host node-")
+    assert (f"cannot see the run's artifact directory {folder}, which is on the driver's disk: "
+            "artifacts (checkpoints, the model) would be written to this host's own disk and "
+            "lost") in out["message"]
+    assert run.data.metrics == {"before_file": 1.0}
+    assert run.info.status == "FAILED"
+
+
+def test_gpus_spark_assigns_on_each_host_are_what_the_ranks_see(batch: Batch) -> None:
+    """Each node's worker offers two (fake) GPUs with its own addresses; four ranks, two
+    per node, each task given one: every rank's `gpus[local_rank]` is its own task's GPU,
+    and no two ranks on a node share one."""
+    from cluster import GPUS
+
+    assert batch.cases["gpus"] == {"value": None}, batch.cases["gpus"]
+    views = [json.loads((batch.gpu_views / f"rank{r}.json").read_text()) for r in range(4)]
+    for node, gpus in GPUS.items():
+        here = [v for v in views if v["host"] == node]
+        assert sorted(v["MLFLOW_HVD_TASK_DEVICES"] for v in here) == sorted(gpus)
+        for view in here:
+            visible = view["CUDA_VISIBLE_DEVICES"].split(",")
+            assert sorted(visible) == sorted(gpus)
+            assert visible[int(view["HOROVOD_LOCAL_RANK"])] == view["MLFLOW_HVD_TASK_DEVICES"]
 
 
 @pytest.mark.old_end
@@ -107,24 +235,6 @@ def test_four_ranks_on_two_hosts_get_horovodrun_s_layout_and_train_on_a_datafram
     assert client.get_run(run_id).data.tags["mlflow_hvd.data.data.rows_per_rank"] == str(rows)
     wait_until(lambda: [d.dataset.name for d in client.get_run(run_id).inputs.dataset_inputs]
                == ["data"], 30, "the run's dataset input")
-
-
-def test_np_larger_than_the_cluster_fails_at_once(cluster: Cluster, client: Any,
-                                                  tmp_path: Path) -> None:
-    slot_timeout = 10
-    out = drive(cluster, f"""
-        from pyspark.sql import SparkSession
-        spark = SparkSession.builder.getOrCreate()
-        runner = HorovodRunner(np=5, slot_timeout={slot_timeout}, spark=spark)
-        t0 = time.monotonic()
-        result = runner.run(workers.collectives)
-    """, tmp_path)
-    assert out["error"] == "InsufficientSlotsError"
-    assert out["elapsed"] < slot_timeout + FAILING_RUN, out
-    assert out["message"].startswith(
-        f"np=5 needs 5 concurrent barrier task slots but the Spark cluster (master "
-        f"{cluster.master_url}) offers 4"
-    )
 
 
 def test_executors_that_cannot_reach_the_driver_fail_within_the_start_deadline(
@@ -208,49 +318,6 @@ def test_the_rendezvous_answers_only_the_jobs_hosts_and_a_node_lost_mid_job_fail
     assert client.get_run(out["run_id"]).info.status == "FAILED"
     assert not [a for a in applications(cluster.master_ui) if a.get("state") == "RUNNING"]
     _no_rank_left(cluster)
-
-
-def test_executors_that_cannot_reach_the_tracking_server_fail_before_training(
-    cluster: Cluster, tmp_path: Path, loopback_server: Any
-) -> None:
-    # reachable from the driver's namespace only: loopback
-    url = loopback_server.url
-    experiment = f"unreachable-{tmp_path.name}"  # the server is shared with other tests
-    start_timeout, reach = 60, 10  # the job's start deadline; rank 0's check of the server
-    out = drive(cluster, f"""
-        from pyspark.sql import SparkSession
-        spark = SparkSession.builder.getOrCreate()
-        runner = HorovodRunner(np=2, start_timeout={start_timeout}, spark=spark)
-        t0 = time.monotonic()
-        result = runner.run(workers.collectives)
-    """, tmp_path, MLFLOW_TRACKING_URI=url, MLFLOW_EXPERIMENT_NAME=experiment)
-    client = mlflow.MlflowClient(tracking_uri=url)
-    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
-    assert out["elapsed"] < start_timeout + reach + FAILING_RUN, out
-    assert out["error"] == "WorkerFailedError", out
-    assert f"cannot reach the MLflow tracking server {url} within 10s" in out["message"]
-    assert out["message"].startswith("Rank 0 on host node-")
-    assert run.info.status == "FAILED"
-
-
-def test_a_store_on_the_drivers_disk_gets_metrics_and_refuses_files_clearly(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """A SQLite store in the driver's /tmp, which the nodes do not see: metrics reach it
-    through the driver; a file would land on the node's own disk, so it is refused."""
-    uri = f"sqlite:///{tmp_path}/local.db"
-    out = drive(cluster, "result = HorovodRunner(np=2).run(workers.metric_then_file)",
-                tmp_path, MLFLOW_TRACKING_URI=uri)
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    (run,) = client.search_runs(["0"])
-    folder = run.info.artifact_uri
-    assert out["error"] == "WorkerFailedError", out
-    assert out["message"].startswith("Rank 0 on host node-")
-    assert (f"cannot see the run's artifact directory {folder}, which is on the driver's disk: "
-            "artifacts (checkpoints, the model) would be written to this host's own disk and "
-            "lost") in out["message"]
-    assert run.data.metrics == {"before_file": 1.0}
-    assert run.info.status == "FAILED"
 
 
 def test_a_rank_killed_on_node_b_and_the_run_resumed(cluster: Cluster, client: Any,
@@ -448,33 +515,3 @@ def test_a_pruning_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path:
     assert load.returncode == 0, load.stderr[-3000:]
     shape, rows = load.stdout.split("SHAPE")[-1].rsplit(" ", 1)
     assert shape.strip() == f"({rows.strip()}, 10)", load.stdout
-
-
-def test_gpus_spark_assigns_on_each_host_are_what_the_ranks_see(
-    cluster: Cluster, client: Any, tmp_path: Path,
-) -> None:
-    """Each node's worker offers two (fake) GPUs with its own addresses; four ranks, two
-    per node, each task given one: every rank's `gpus[local_rank]` is its own task's GPU,
-    and no two ranks on a node share one."""
-    from cluster import GPUS, STATE
-
-    out = STATE / "gpu-views"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    result = drive(cluster, f"""
-        from pyspark.sql import SparkSession
-        spark = (SparkSession.builder.config("spark.executor.resource.gpu.amount", "2")
-                 .config("spark.task.resource.gpu.amount", "1").getOrCreate())
-        HorovodRunner(np=4, spark=spark, track=False).run(workers.gpu_view, out_dir={str(out)!r})
-        result = "ok"
-    """, tmp_path)
-    assert result == "ok", result
-    views = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
-    for node, gpus in GPUS.items():
-        here = [v for v in views if v["host"] == node]
-        assert sorted(v["MLFLOW_HVD_TASK_DEVICES"] for v in here) == sorted(gpus)
-        for view in here:
-            visible = view["CUDA_VISIBLE_DEVICES"].split(",")
-            assert sorted(visible) == sorted(gpus)
-            assert visible[int(view["HOROVOD_LOCAL_RANK"])] == view["MLFLOW_HVD_TASK_DEVICES"]
-    shutil.rmtree(out, ignore_errors=True)

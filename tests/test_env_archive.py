@@ -305,7 +305,7 @@ def test_the_compression_level_comes_from_the_environment_and_is_checked(
     monkeypatch.delenv(COMPRESS_ENV, raising=False)
     assert compress_level_setting() == 1 and suffix(1) == ".tar.gz"
     monkeypatch.setenv(COMPRESS_ENV, "0")
-    assert compress_level_setting() == 0 and suffix(0) == ".tar"
+    assert compress_level_setting() == 0 and suffix(0) == ".stored.tar.gz"
     for bad in ("10", "-1", "fast", "1.5"):
         monkeypatch.setenv(COMPRESS_ENV, bad)
         with pytest.raises(EnvironmentArchiveError, match=(

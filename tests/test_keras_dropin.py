@@ -30,6 +30,7 @@ def test_databricks_training_function_runs_with_only_its_import_changed(
     assert ckpt.exists()  # rank 0's Keras checkpoint
 
 
+@pytest.mark.ranks
 def test_horovods_own_keras_layer_fails_at_once_under_keras_3(tmp_path: Path) -> None:
     source = EXAMPLE.read_text().replace(
         "import mlflow_hvd.keras as hvd  # was: import horovod.tensorflow.keras as hvd",

@@ -18,6 +18,7 @@ from mlflow_hvd.driver import DriverSettings, Job, run_job
 from mlflow_hvd.errors import LIFECYCLE_HINT
 
 
+@pytest.mark.ranks
 @pytest.mark.old_end
 def test_two_local_ranks_run_real_collectives(capsys: pytest.CaptureFixture[str]) -> None:
     result = HorovodRunner(np=-2).run(workers.collectives, scale=2.0)

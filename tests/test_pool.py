@@ -20,6 +20,7 @@ from mlflow_hvd import HorovodRunner, WorkerFailedError
 from mlflow_hvd.errors import ConfigurationError
 
 
+@pytest.mark.ranks
 def test_local_pool_reuses_its_ranks_with_fresh_horovod_keras_and_run(store: str) -> None:
     runner = HorovodRunner(np=-2)
     client = mlflow.MlflowClient()
@@ -43,6 +44,7 @@ def test_local_pool_reuses_its_ranks_with_fresh_horovod_keras_and_run(store: str
     assert_no_workers_left()  # leaving the block retired the ranks
 
 
+@pytest.mark.ranks
 def test_a_failed_job_replaces_the_ranks_and_the_pool_goes_on() -> None:
     runner = HorovodRunner(np=-2, track=False, stop_grace=2)
     with runner:
@@ -57,6 +59,7 @@ def test_a_failed_job_replaces_the_ranks_and_the_pool_goes_on() -> None:
     assert_no_workers_left()
 
 
+@pytest.mark.ranks
 def test_a_rank_killed_while_idle_is_replaced_at_the_next_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

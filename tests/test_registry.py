@@ -111,6 +111,7 @@ def test_register_model_must_name_a_model(store: str, name: Any) -> None:
     assert _no_runs()
 
 
+@pytest.mark.ranks
 def test_a_trial_without_a_model_fails_the_registration_and_says_how_to_resume(
     store: str,
 ) -> None:

@@ -158,6 +158,7 @@ def test_unreadable_saved_trials_stop_the_sweep_before_any_trial(store: str) -> 
     assert [r.info.run_id for r in runs] == [parent.info.run_id]
 
 
+@pytest.mark.ranks
 def test_a_sweep_whose_every_trial_fails_says_so(store: str, tmp_path: Path) -> None:
     with pytest.raises(MlflowHvdError) as info:
         sweep(workers.quadratic_torch_trial, SPACE, max_evals=1, np=-1,

@@ -139,6 +139,7 @@ def test_parallelism_must_be_a_positive_whole_number_or_auto(store: str, value: 
         sweep(workers.paced_trial, SPACE, max_evals=2, np=-1, parallelism=value)
 
 
+@pytest.mark.ranks
 def test_sigterm_stops_every_running_trial_and_leaves_no_rank(tmp_path: Path) -> None:
     """SIGTERM to the driver while two trials run: both runs and the parent end KILLED, and
     no rank process is left."""

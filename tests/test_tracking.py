@@ -124,6 +124,7 @@ def test_failure_marks_the_run_failed_with_rank_and_root_cause(store: str) -> No
     assert "ValueError: boom from rank 1" in error
 
 
+@pytest.mark.ranks
 def test_param_changed_value_is_refused_clearly(store: str) -> None:
     def relog() -> None:
         import horovod.tensorflow as hvd

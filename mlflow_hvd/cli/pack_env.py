@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--compress-level", type=int, choices=range(10), default=None,
                         metavar="0-9", help="gzip level (default: $MLFLOW_HVD_PACK_COMPRESS_"
-                        "LEVEL, else 1); 0: a plain .tar, three times the bytes to send, "
-                        "half the time to unpack")
+                        "LEVEL, else 1); 0: stored, not compressed (three times the bytes to "
+                        "send, no compressing or inflating)")
     args = parser.parse_args(argv)
     try:
         packed = pack_environment(compress_level=args.compress_level)

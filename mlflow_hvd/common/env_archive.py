@@ -123,7 +123,7 @@ DEFAULT_COMPRESS_LEVEL = 1
 
 def compress_level_setting() -> int:
     """The gzip level archives are packed with when no caller names one:
-    ``MLFLOW_HVD_PACK_COMPRESS_LEVEL`` (0-9; 0 writes a plain ``.tar``), default 1.
+    ``MLFLOW_HVD_PACK_COMPRESS_LEVEL`` (0-9; 0 stores without compressing), default 1.
 
     Raises:
         EnvironmentArchiveError: The variable is not a whole number from 0 to 9.
@@ -133,8 +133,8 @@ def compress_level_setting() -> int:
         return DEFAULT_COMPRESS_LEVEL
     if not (text.isdigit() and 0 <= int(text) <= 9):
         raise EnvironmentArchiveError(
-            f"{COMPRESS_ENV}={text!r}: must be a gzip level from 0 to 9 (0: a plain .tar, "
-            f"no compression); unset it for the default {DEFAULT_COMPRESS_LEVEL}")
+            f"{COMPRESS_ENV}={text!r}: must be a gzip level from 0 to 9 (0: stored, no "
+            f"compression); unset it for the default {DEFAULT_COMPRESS_LEVEL}")
     return int(text)
 
 
@@ -142,7 +142,7 @@ def pack_environment(cache: Path | None = None, compress_level: int | None = Non
                      ) -> PackedEnvironment:
     """This interpreter's venv as an archive for ``spark.archives``: the cached one when
     nothing changed, else packed now, with gzip level ``compress_level`` (None:
-    :func:`compress_level_setting`; 0: a plain ``.tar``).
+    :func:`compress_level_setting`; 0: stored, not compressed).
 
     Raises:
         EnvironmentArchiveError: Not a venv, or venv-pack refuses it (e.g. an editable
@@ -195,16 +195,20 @@ def _pack(path: Path, site: str, fingerprint: EnvironmentFingerprint,
         # first in the archive: the driver reads it without decompressing the rest
         env.files = [venv_pack.File(str(record), FINGERPRINT_FILE), *files]
         partial = Path(tmp) / path.name
-        env.pack(output=str(partial), format="tar.gz" if compress_level else "tar",
-                 compress_level=compress_level, force=True)
+        # always gzip's container: Spark unpacks a .tar.gz with the system's tar, but a
+        # plain .tar with its own Java code, which refuses the venv's bin/python (a symlink
+        # to the base interpreter: "would create entry outside of ..."); level 0 stores
+        env.pack(output=str(partial), format="tar.gz", compress_level=compress_level,
+                 force=True)
         partial.chmod(0o644)  # venv-pack writes through mkstemp (0600)
         os.replace(partial, path)
 
 
 def suffix(compress_level: int) -> str:
-    """An archive's ending: gzip levels 1-9 make ``.tar.gz``, 0 a plain ``.tar`` (Spark
-    unpacks both)."""
-    return ".tar.gz" if compress_level else ".tar"
+    """An archive's ending: ``.tar.gz`` for gzip levels 1-9, ``.stored.tar.gz`` for level 0
+    (gzip's container around uncompressed blocks: nothing to compress or inflate, and Spark
+    still unpacks it with the system's tar)."""
+    return ".tar.gz" if compress_level else ".stored.tar.gz"
 
 
 def _editable_hook(target: str) -> bool:

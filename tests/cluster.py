@@ -262,8 +262,10 @@ def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
                   state: Path, bare: bool = False) -> subprocess.Popen[bytes]:
     work = state / node / "work"
     work.mkdir(parents=True, exist_ok=True)
-    # executors' scratch (fetched archives: a shipped environment is over 1 GiB) on the
-    # disk, as on a real node, not in the node's small /tmp; discarded with the work dir
+    # executors' scratch (fetched archives: a shipped environment is 1-3 GiB) on the disk,
+    # as on a real node, not in the node's small /tmp: Spark's local dirs, and the JVMs'
+    # java.io.tmpdir (an executor copies each fetched archive into a temp dir of its own
+    # before unpacking it); discarded with the work dir
     local = work / "local"
     local.mkdir(exist_ok=True)
     discover = state / node / "discover-gpus.sh"
@@ -298,7 +300,7 @@ def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
         f"mkdir -p {stage} && mount -t tmpfs -o size=1m tmpfs {stage} && {keep_in}"
         f"mount -t tmpfs -o size=2g tmpfs /tmp && {keep_out}"
         f"export SPARK_WORKER_OPTS='{gpu_opts}' SPARK_HOME={spark_home} "
-        f"SPARK_LOCAL_DIRS={local} && "
+        f"SPARK_LOCAL_DIRS={local} JAVA_TOOL_OPTIONS=-Djava.io.tmpdir={local} && "
         f"exec {spark_home}/bin/spark-class org.apache.spark.deploy.worker.Worker {master_url} "
         f"--host {ip} --cores 2 --memory 3g --work-dir {work}"
     )

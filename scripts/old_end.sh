@@ -6,7 +6,8 @@
 #   2. `pip install -e '.[tensorflow-cpu]'`, which must keep every version already there;
 #   3. `python -m mlflow_hvd.cli.horovod`, which builds Horovod against that TensorFlow (once:
 #      the wheel is cached like the main environment's).
-# Then runs the tests marked old_end (`--prepare`: stops before them).
+# Then runs the tests marked old_end (`--prepare`: stops before them; `--status FILE`: also
+# writes their exit code and start and end times there).
 #
 # Step 1's environment depends on the lock alone: it lives outside the checkout, in the cache
 # (like Horovod's wheels; $MLFLOW_HVD_CACHE/venvs/old-end-<digest of the lock and Python>),
@@ -19,7 +20,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOCK="$ROOT/requirements/lock-old-end-py3.12.txt"
 CACHE_ROOT="${MLFLOW_HVD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlflow_hvd}"
 PREPARE_ONLY=0
+STATUS=""  # --status FILE: write "<exit code> <tests' start> <tests' end>" (epoch seconds)
 if [ "${1:-}" = "--prepare" ]; then PREPARE_ONLY=1; shift; fi
+if [ "${1:-}" = "--status" ]; then STATUS="$2"; shift 2; fi
 
 die() { echo "old-end: $*" >&2; exit 1; }
 
@@ -46,7 +49,10 @@ if [ -n "${OLD_END_VENV:-}" ]; then
 else
   VENV="$CACHE_ROOT/venvs/old-end-$ENV_KEY"
   mkdir -p "$CACHE_ROOT/venvs"
-  ln -sfn "$VENV" "$ROOT/.venv-old-end"
+  # a checkout's own environment from before the cache (a directory) is left as it is
+  if [ -L "$ROOT/.venv-old-end" ] || [ ! -e "$ROOT/.venv-old-end" ]; then
+    ln -sfn "$VENV" "$ROOT/.venv-old-end"
+  fi
 fi
 mkdir -p "$(dirname "$VENV")"
 # one builder at a time per environment (two clones' CI on one machine)
@@ -95,4 +101,8 @@ fi
 [ "$PREPARE_ONLY" = 1 ] && exit 0
 flock -u 9
 cd "$ROOT"
-MLFLOW_HVD_TIER=old-end exec "$PY" -m pytest -ra -m old_end "$@"
+started=$(date +%s)
+rc=0
+MLFLOW_HVD_TIER=old-end "$PY" -m pytest -ra -m old_end "$@" || rc=$?
+[ -z "$STATUS" ] || echo "$rc $started $(date +%s)" > "$STATUS"
+exit $rc

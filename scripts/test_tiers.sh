@@ -1,31 +1,32 @@
 #!/usr/bin/env bash
 # `make test`: every tier, cheapest first, so that a broken commit fails in minutes.
 #
-#   setup     .venv from the locks + Horovod (scripts/setup.sh); the old end's environment
-#             is built meanwhile, in the background (scripts/old_end.sh --prepare)
+#   setup     .venv from the locks + Horovod (scripts/setup.sh)
 #   static    ruff, lint-imports (layering), scripts/bars.py, mypy, mkdocs --strict
 #   fast      pytest: no JVM, no rank that imports TensorFlow or PyTorch (checked)
 #   main      pytest: Horovod ranks, the shared local-cluster session, servers, browser
+#   old-end   pytest -m old_end in the old end's environment (Python 3.12, TF 2.16, ...):
+#             started first, in the background (scripts/old_end.sh), reported here
 #   cluster   pytest: the two-node namespace cluster (one for the whole tier)
-#   old-end   pytest -m old_end in the old end's environment (Python 3.12, TF 2.16, ...)
 #
 # Each tier's wall time is printed when it ends, and all of them at the end (also on
-# failure). A tier that fails stops the run. PYTEST_ARGS are passed to every pytest tier;
-# TIERS="fast main" runs only those (setup always runs).
+# failure), with this machine's speed (two concurrent TensorFlow+Horovod imports). A tier
+# that fails stops the run. PYTEST_ARGS are passed to every pytest tier; TIERS="fast main"
+# runs only those (setup always runs).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
-TIERS="${TIERS:-static fast main cluster old-end}"
+TIERS="${TIERS:-static fast main old-end cluster}"
 LOGS="${MLFLOW_HVD_TIER_LOGS:-$ROOT/test-output/tiers}"
 mkdir -p "$LOGS"
 read -r -a EXTRA <<< "${PYTEST_ARGS:-}"
 
 SUMMARY=()
 START=$(date +%s)
-PREPARE_PID=""
+OLD_END_PID=""
 
 clock() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
 
@@ -37,7 +38,8 @@ summary() {
 }
 
 finish() {
-  [ -n "$PREPARE_PID" ] && kill "$PREPARE_PID" 2>/dev/null
+  # the old end's background tier, with its tests and their ranks (its own session)
+  [ -n "$OLD_END_PID" ] && kill -- "-$OLD_END_PID" 2>/dev/null
   summary
 }
 trap finish EXIT
@@ -66,11 +68,18 @@ tier() {
 wants() { [[ " $TIERS " == *" $1 "* ]]; }
 
 static() {
+  # mypy (the longest, one core) beside the others, its output printed after theirs
+  local mypy_pid mypy_rc=0 rc=0
+  "$VENV/bin/mypy" > "$LOGS/mypy.log" 2>&1 &
+  mypy_pid=$!
   "$VENV/bin/ruff" check mlflow_hvd tests examples benchmarks scripts \
     && "$VENV/bin/lint-imports" \
     && "$PY" scripts/bars.py \
-    && "$VENV/bin/mypy" \
-    && NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet
+    && NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet \
+    || rc=$?
+  wait "$mypy_pid" || mypy_rc=$?
+  cat "$LOGS/mypy.log"
+  [ $rc -eq 0 ] && [ $mypy_rc -eq 0 ]
 }
 
 # the tiers partition the suite by markers (tests/conftest.py adds them from fixtures)
@@ -79,31 +88,38 @@ pytest_tier() {
   MLFLOW_HVD_TIER="$name" "$PY" -m pytest -ra -m "$expr" "${EXTRA[@]}"
 }
 
-old_end() {
-  if [ -n "$PREPARE_PID" ]; then
-    local t0=$(date +%s)
-    if ! wait "$PREPARE_PID"; then
-      PREPARE_PID=""
-      echo "old-end: preparing its environment failed; its log ($LOGS/old-end-prepare.log):"
-      tail -n 60 "$LOGS/old-end-prepare.log"
-      return 1
-    fi
-    PREPARE_PID=""
-    echo "old-end: environment ready (waited $(clock $(($(date +%s) - t0))) for it)"
+# The old end's tier runs beside the others from the start: its environment is built (or
+# found in the cache) while the main one is set up, then its tests run beside the static and
+# fast tiers (its own interpreter, Spark sessions and servers; its rank checks see only its
+# own interpreter's ranks). It also uses the namespace cluster, so the cluster tier waits
+# for it. Its wall time here is the wait; the time its tests took is printed below it.
+old_end_wait() {
+  local rc=0 status t0 t1
+  wait "$OLD_END_PID" || rc=$?
+  OLD_END_PID=""
+  cat "$LOGS/old-end.log"
+  if [ -f "$LOGS/old-end.status" ]; then
+    read -r status t0 t1 < "$LOGS/old-end.status"
+    OLD_END_NOTE="$(printf '         (its tests took %s from %s, beside the tiers before; exit %s)' \
+      "$(clock $((t1 - t0)))" "$(date -u -d "@$t0" +%H:%M:%S)" "$status")"
+  else
+    echo "old-end: its environment could not be prepared (above)"
   fi
-  bash scripts/old_end.sh "${EXTRA[@]}"
+  if [ $rc -ne 0 ] && [ -n "$OLD_END_NOTE" ]; then SUMMARY+=("$OLD_END_NOTE"); fi
+  return $rc
 }
 
 if wants old-end; then
-  # built while the main environment is set up and the other tiers run: pip's downloads and
-  # unpacking overlap them (a machine that has built it before reuses it from the cache)
-  bash scripts/old_end.sh --prepare > "$LOGS/old-end-prepare.log" 2>&1 &
-  PREPARE_PID=$!
+  rm -f "$LOGS/old-end.status"
+  setsid bash scripts/old_end.sh --status "$LOGS/old-end.status" "${EXTRA[@]}" \
+    > "$LOGS/old-end.log" 2>&1 &
+  OLD_END_PID=$!
+  echo "old-end: its environment and tests run in the background (log: $LOGS/old-end.log)"
 fi
-tier setup bash scripts/setup.sh
 
 # this machine's speed today, printed beside the tiers' times (machines vary ~2.5x by day):
-# the wall time of two concurrent `import tensorflow, horovod.tensorflow`
+# the wall time of two concurrent `import tensorflow, horovod.tensorflow`, measured after the
+# last tier, when nothing else runs
 import_pair() {
   local t0 t1 a b
   t0=$(date +%s%N)
@@ -114,14 +130,22 @@ import_pair() {
   wait "$a" "$b"
   t1=$(date +%s%N)
   PAIR="$(( (t1 - t0) / 1000000 ))"
-  printf 'two concurrent TensorFlow+Horovod imports: %d.%02d s\n' $((PAIR / 1000)) $((PAIR % 1000 / 10))
+  printf 'two concurrent TensorFlow+Horovod imports: %d.%02d s\n' $((PAIR / 1000)) \
+    $((PAIR % 1000 / 10))
 }
-import_pair  # once warm (setup has imported them)
-import_pair
-SUMMARY+=("$(printf 'machine: two concurrent TensorFlow+Horovod imports %d.%02d s' $((PAIR / 1000)) $((PAIR % 1000 / 10)))")
+
+tier setup bash scripts/setup.sh
 wants static && tier static static
 wants fast && tier fast pytest_tier fast "not slow and not spark and not ranks and not cluster"
 wants main && tier main pytest_tier main "(slow or spark or ranks) and not cluster"
+OLD_END_NOTE=""
+if wants old-end; then
+  tier old-end old_end_wait
+  SUMMARY+=("$OLD_END_NOTE")
+fi
 wants cluster && tier cluster pytest_tier cluster "cluster"
-wants old-end && tier old-end old_end
+import_pair  # the first warms the files
+import_pair
+SUMMARY+=("$(printf 'machine: two concurrent TensorFlow+Horovod imports took %d.%02d s' \
+  $((PAIR / 1000)) $((PAIR % 1000 / 10)))")
 TOTAL_STATUS="ok"

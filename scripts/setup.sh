@@ -18,7 +18,7 @@ die() { echo "setup: $*" >&2; exit 1; }
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 command -v "$PYTHON" >/dev/null 2>&1 || die "Python 3.11 not found. Install it (e.g. 'apt-get install python3.11 python3.11-venv python3.11-dev') or set PYTHON=/path/to/python3.11."
 PYVER="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-[ "$PYVER" = "3.11" ] || die "Python 3.11 is required (TensorFlow 2.18.1 + Horovod 0.28.1), found $PYVER at $(command -v "$PYTHON"). Set PYTHON=/path/to/python3.11."
+[ "$PYVER" = "3.11" ] || die "Python 3.11 is required (the tested environment: requirements/lock-py3.11.txt), found $PYVER at $(command -v "$PYTHON"). Set PYTHON=/path/to/python3.11."
 for tool in cmake g++ make; do
   command -v "$tool" >/dev/null 2>&1 || die "'$tool' is missing; Horovod compiles from source. Install it with 'apt-get install -y cmake g++ make'."
 done

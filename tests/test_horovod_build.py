@@ -7,13 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 from conftest import run_entry_point
 from test_compat import _fake_distribution
 
-from mlflow_hvd.cli import horovod
+from mlflow_hvd.cli import horovod, horovod_patches
 
 
 def test_an_environment_with_its_horovod_is_seen_as_ready_without_importing_tensorflow() -> None:
@@ -24,7 +25,8 @@ def test_an_environment_with_its_horovod_is_seen_as_ready_without_importing_tens
     marker = json.loads((Path(sys.prefix) / horovod.MARKER).read_text())
     assert marker == {"horovod": "0.28.1", "tensorflow": horovod.target().tensorflow,
                       "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
-                      "cpu": horovod.cpu_id(), "torch": horovod.target().torch}
+                      "cpu": horovod.cpu_id(), "torch": horovod.target().torch,
+                      "patches": horovod.target().patches}
 
 
 def test_check_loads_horovod_as_a_rank_does_and_reports_gloo() -> None:
@@ -47,52 +49,105 @@ def test_the_main_environment_builds_horovod_with_pytorch_and_its_check_build_sa
     assert {"TensorFlow", "PyTorch", "Gloo"} <= ticked and "MPI" not in ticked, proc.stdout
 
 
-def _sdist_tree(root: Path, top: str, torch: str) -> Path:
-    (root / "horovod" / "torch").mkdir(parents=True)
-    top_file = "\n" * 18 + top + "\nset(CMAKE_CXX_STANDARD_REQUIRED ON)\n"
-    (root / "CMakeLists.txt").write_text(top_file)
-    (root / "horovod" / "torch" / "CMakeLists.txt").write_text("\n" * 66 + torch + "\n")
-    return root
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Horovod's sdist from the package index, checked against its sha256 as a build is."""
+    return horovod.download_sdist(tmp_path_factory.mktemp("sdist"))
 
 
-def test_the_cxx17_patch_changes_exactly_the_two_released_lines(tmp_path: Path) -> None:
-    tree = _sdist_tree(tmp_path, "set(CMAKE_CXX_STANDARD 14)", "    set(CMAKE_CXX_STANDARD 14)")
-    horovod.patch_cxx17(tree)
-    top = (tree / "CMakeLists.txt").read_text().split("\n")
-    assert top[18] == "set(CMAKE_CXX_STANDARD 17)" and top[19].endswith("REQUIRED ON)")
-    assert (tree / "horovod/torch/CMakeLists.txt").read_text().split("\n")[66] == (
-        "    set(CMAKE_CXX_STANDARD 17)")
+@pytest.fixture(scope="module")
+def released(sdist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _unpacked(sdist, tmp_path_factory.mktemp("released"))
 
 
-def test_the_cxx17_patch_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> None:
-    tree = _sdist_tree(tmp_path, "set(CMAKE_CXX_STANDARD 14)", "    set(CMAKE_CXX_STANDARD 11)")
+def _unpacked(sdist: Path, into: Path) -> Path:
+    with tarfile.open(sdist) as tar:
+        tar.extractall(into, filter="data")
+    (source,) = into.iterdir()
+    return source
+
+
+@pytest.mark.parametrize(("tensorflow", "torch", "names"), [
+    ("2.16.2", "", []), ("2.18.1", "", []), ("2.18.1", "2.13.0+cpu", ["cxx17"]),
+    ("2.19.1", "", ["xla-ops"]), ("2.20.0", "", ["xla-ops"]),
+    ("2.21.0", "", ["xla-ops"]), ("2.21.0", "2.13.0+cpu", ["cxx17", "xla-ops"]),
+    ("2.21.0rc1", "2.14.1", ["cxx17", "xla-ops"]),
+])
+def test_each_versions_patches_apply_to_the_released_sdist_and_change_only_their_lines(
+        sdist: Path, released: Path, tmp_path: Path, tensorflow: str, torch: str,
+        names: list[str]) -> None:
+    patches = horovod_patches.needed(tensorflow, torch)
+    assert [p.name for p in patches] == names
+    patched = _unpacked(horovod.patched_sdist(sdist, tmp_path / "out", patches),
+                        tmp_path / "patched")
+    changed = {}
+    for path in sorted(released.rglob("*")):
+        if path.is_file():
+            before = path.read_text(errors="replace").split("\n")
+            after = (patched / path.relative_to(released)).read_text(errors="replace").split("\n")
+            assert len(before) == len(after), path
+            changed.update({(str(path.relative_to(released)), n + 1): (a, b)
+                            for n, (a, b) in enumerate(zip(before, after, strict=True))
+                            if a != b})
+    expected = {(e.file, e.line): (e.released, e.patched) for p in patches for e in p.edits}
+    assert changed == expected
+    if "xla-ops" in names:  # the XLA ops' file compiles to nothing on TensorFlow >= 2.19
+        assert changed[("horovod/tensorflow/xla_mpi_ops.cc", 23)][1] == (
+            "#if TENSORFLOW_VERSION >= 2006000000 && TENSORFLOW_VERSION < 2019000000")
+
+
+def test_a_patch_refuses_a_source_it_was_not_written_for(sdist: Path, tmp_path: Path) -> None:
+    source = _unpacked(sdist, tmp_path)
+    torch_cmake = source / "horovod/torch/CMakeLists.txt"
+    torch_cmake.write_text(torch_cmake.read_text().replace(
+        "    set(CMAKE_CXX_STANDARD 14)", "    set(CMAKE_CXX_STANDARD 11)"))
+    top = (source / "CMakeLists.txt").read_text()
     with pytest.raises(horovod.InstallError) as info:
-        horovod.patch_cxx17(tree)
+        horovod_patches.apply(source, horovod_patches.needed("2.21.0", "2.13.0+cpu"), "0.28.1")
     assert str(info.value) == (
-        "cannot apply the C++17 patch for PyTorch to Horovod 0.28.1: line 67 of "
+        "cannot apply the cxx17 patch to Horovod 0.28.1: line 67 of "
         "horovod/torch/CMakeLists.txt is '    set(CMAKE_CXX_STANDARD 11)', expected "
-        "'    set(CMAKE_CXX_STANDARD 14)'")
+        "'    set(CMAKE_CXX_STANDARD 14)' (another version or a modified sdist); nothing was "
+        "built")
+    assert (source / "CMakeLists.txt").read_text() == top  # checked before anything is written
 
 
-def test_the_cache_key_names_both_frameworks() -> None:
-    both = horovod.Target("0.28.1", "2.18.1", "3.11", "x86_64-abc", "2.13.0+cpu")
-    assert both.name == "horovod-0.28.1-tf2.18.1-torch2.13.0+cpu-py3.11-x86_64-abc"
+def test_the_cache_key_names_both_frameworks_and_the_patches() -> None:
+    both = horovod.Target("0.28.1", "2.18.1", "3.11", "x86_64-abc", "2.13.0+cpu", "cxx17")
+    assert both.name.startswith("horovod-0.28.1-tf2.18.1-torch2.13.0+cpu-py3.11-x86_64-abc-p")
     assert both.flags()["HOROVOD_WITH_PYTORCH"] == "1"
     tf_only = horovod.Target("0.28.1", "2.16.2", "3.12", "x86_64-abc")
-    assert tf_only.name == "horovod-0.28.1-tf2.16.2-py3.12-x86_64-abc"  # as before PyTorch
+    assert tf_only.name == "horovod-0.28.1-tf2.16.2-py3.12-x86_64-abc"  # the sdist unchanged
     assert tf_only.flags()["HOROVOD_WITHOUT_PYTORCH"] == "1"
+    newest = horovod.Target("0.28.1", "2.21.0", "3.11", "x86_64-abc", "2.13.0+cpu",
+                            "cxx17,xla-ops")
+    assert [p.name for p in newest.patch_set()] == ["cxx17", "xla-ops"]
+    assert newest.name.rsplit("-p", 1)[1] != both.name.rsplit("-p", 1)[1]
 
 
 def test_a_tensorflow_outside_the_range_is_refused_before_any_build(tmp_path: Path) -> None:
-    fake = _fake_distribution(tmp_path / "site", "tensorflow", "2.19.0")
+    fake = _fake_distribution(tmp_path / "site", "tensorflow", "2.22.0")
     proc = run_entry_point("mlflow_hvd.cli.horovod", path=fake,
                 env={"MLFLOW_HVD_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
-        "error: TensorFlow 2.19.0 (installed here) is not supported: mlflow_hvd works with "
-        "TensorFlow >=2.16,<2.19 (2.16 is the first whose tf.keras is Keras 3; 2.18 the last "
-        "Horovod 0.28.1 builds against). Install a version in that range")
+        "error: TensorFlow 2.22.0 (installed here) is not supported: mlflow_hvd works with "
+        "TensorFlow >=2.16,<2.22 (2.16 is the first whose tf.keras is Keras 3; 2.21 the newest "
+        "released, which Horovod 0.28.1 builds against with the patches of "
+        "mlflow_hvd/cli/horovod_patches.py). Install a version in that range")
     assert not (tmp_path / "cache").exists()  # nothing was built
+
+
+def test_tensorflow_2_20_beside_protobuf_7_is_refused_before_any_build(tmp_path: Path) -> None:
+    fake = _fake_distribution(tmp_path / "site", "tensorflow", "2.20.0")
+    _fake_distribution(fake, "protobuf", "7.36.2")
+    proc = run_entry_point("mlflow_hvd.cli.horovod", path=fake,
+                env={"MLFLOW_HVD_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith(
+        "error: TensorFlow 2.20.0 (installed here) does not work with protobuf 7.36.2"), proc.stderr
+    assert "Install 'protobuf<7'" in proc.stderr
+    assert not (tmp_path / "cache").exists()
 
 
 def test_a_wheel_without_the_pytorch_extension_is_refused(tmp_path: Path) -> None:

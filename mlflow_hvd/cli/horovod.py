@@ -15,11 +15,10 @@ the package index, verified against the hash below. The build is Horovod's own w
 HOROVOD_WITHOUT_MXNET=1`` and ``HOROVOD_WITH_PYTORCH=1`` where PyTorch is installed
 (``HOROVOD_WITHOUT_PYTORCH=1`` elsewhere): Gloo is what the runner drives, no MPI.
 
-With PyTorch, Horovod 0.28.1's build files need one change, made to the unpacked sdist
-before the build (:data:`CXX17_PATCH`, each line checked before it is changed): its PyTorch
-extension is compiled as C++14, which PyTorch's headers refuse (``C++17 or later compatible
-compiler is required to use PyTorch``). Horovod's main branch made the same change after the
-release (horovod/horovod#3998). A TensorFlow-only build is Horovod's sdist unchanged.
+Horovod 0.28.1 is the last release and predates today's frameworks: the source is changed
+before the build where a framework needs it, each line checked first (the patches, their
+conditions and reasons: :mod:`mlflow_hvd.cli.horovod_patches`). A TensorFlow-only build
+against TensorFlow <= 2.18 is Horovod's sdist unchanged.
 
 A marker in the environment records what was installed, so a check of an unchanged
 environment imports nothing and takes a fraction of a second.
@@ -43,6 +42,7 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mlflow_hvd.cli import horovod_patches
 from mlflow_hvd.common import cache, compat
 from mlflow_hvd.common.horovod_probe import load_extensions
 from mlflow_hvd.errors import InstallError, MlflowHvdError, UnsupportedVersionError
@@ -56,11 +56,6 @@ BUILD_FLAGS = {
     "HOROVOD_WITHOUT_MPI": "1",
     "HOROVOD_WITHOUT_MXNET": "1",
 }
-# (file in the sdist, line number, the line as released): set to C++17 for builds with PyTorch
-CXX17_PATCH = (
-    ("CMakeLists.txt", 19, "set(CMAKE_CXX_STANDARD 14)"),
-    ("horovod/torch/CMakeLists.txt", 67, "    set(CMAKE_CXX_STANDARD 14)"),
-)
 TOOLS = ("cmake", "g++", "make")
 MARKER = ".mlflow_hvd-horovod.json"  # in sys.prefix
 BUILD_TIMEOUT = 3600.0
@@ -76,11 +71,20 @@ class Target:
     python: str
     cpu: str
     torch: str = ""  # the PyTorch built against; empty: a TensorFlow-only build
+    patches: str = ""  # the source patches applied, by name, comma-separated
 
     @property
     def name(self) -> str:
         torch = f"-torch{self.torch}" if self.torch else ""
-        return f"horovod-{self.horovod}-tf{self.tensorflow}{torch}-py{self.python}-{self.cpu}"
+        patched = ""
+        if self.patches:
+            digest = hashlib.sha256(repr(self.patch_set()).encode()).hexdigest()[:8]
+            patched = f"-p{digest}"  # a changed patch is a new build, never a stale wheel
+        return (f"horovod-{self.horovod}-tf{self.tensorflow}{torch}-py{self.python}-"
+                f"{self.cpu}{patched}")
+
+    def patch_set(self) -> tuple[horovod_patches.Patch, ...]:
+        return horovod_patches.needed(self.tensorflow, self.torch)
 
     def flags(self) -> dict[str, str]:
         """Horovod's build switches for this target."""
@@ -115,11 +119,12 @@ def target() -> Target:
             f"tensorflow-cpu {compat.TENSORFLOW.range} first (e.g. "
             "pip install 'mlflow_hvd[tensorflow-cpu]')"
         )
-    compat.TENSORFLOW.check(found, " (installed here)")
+    compat.check_tensorflow(found, " (installed here)")
     torch = compat.TORCH.installed()
     compat.TORCH.check(torch, " (installed here)")
+    patches = ",".join(p.name for p in horovod_patches.needed(found, torch or ""))
     return Target(VERSION, found, f"{sys.version_info[0]}.{sys.version_info[1]}", cpu_id(),
-                  torch or "")
+                  torch or "", patches)
 
 
 def cache_root() -> Path:
@@ -165,16 +170,13 @@ def build_wheel(t: Target, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
     try:
-        spec = work / "horovod.txt"
-        spec.write_text(f"horovod=={t.horovod} --hash=sha256:{SDIST_SHA256}\n")
-        _pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", "--require-hashes",
-             "-d", str(work), "-r", str(spec), timeout=600)
-        sdist = work / f"horovod-{t.horovod}.tar.gz"
-        if t.torch:  # pip builds the patched sdist as it builds a released one
-            sdist = patched_sdist(sdist, work / "patched")
+        sdist = download_sdist(work)
+        if t.patch_set():  # pip builds the patched sdist as it builds a released one
+            sdist = patched_sdist(sdist, work / "patched", t.patch_set())
         env = dict(os.environ, **t.flags(), MAKEFLAGS=f"-j{os.cpu_count() or 1}")
-        print(f"building Horovod {t.horovod} against {t.frameworks()} on Python {t.python} "
-              f"({'4-6' if t.torch else '3-5'} minutes on 2 cores) ...", flush=True)
+        patched = f", patched: {t.patches}" if t.patches else ""
+        print(f"building Horovod {t.horovod} against {t.frameworks()} on Python {t.python}"
+              f"{patched} ({'4-8' if t.torch else '3-5'} minutes on 2 cores) ...", flush=True)
         _pip("wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
              "-w", str(work / "wheel"), str(sdist), env=env, timeout=BUILD_TIMEOUT)
         check_wheel(wheel_in(work / "wheel"), t)
@@ -184,16 +186,31 @@ def build_wheel(t: Target, dest: Path) -> Path:
     return wheel_in(dest)
 
 
-def patched_sdist(archive: Path, into: Path) -> Path:
-    """Horovod's sdist (already hash-checked) with :func:`patch_cxx17` applied, packed again
-    under the same name in ``into``."""
+def download_sdist(into: Path) -> Path:
+    """Download Horovod's sdist from the package index into ``into``, checked against
+    :data:`SDIST_SHA256` (pip refuses any other bytes)."""
+    into.mkdir(parents=True, exist_ok=True)
+    spec = into / "horovod.txt"
+    spec.write_text(f"horovod=={VERSION} --hash=sha256:{SDIST_SHA256}\n")
+    _pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", "--require-hashes",
+         "-d", str(into), "-r", str(spec), timeout=600)
+    sdist = into / f"horovod-{VERSION}.tar.gz"
+    if not sdist.is_file():
+        raise InstallError(f"the Horovod sdist was not downloaded to {sdist}")
+    return sdist
+
+
+def patched_sdist(archive: Path, into: Path,
+                  patches: tuple[horovod_patches.Patch, ...]) -> Path:
+    """Horovod's sdist (already hash-checked) with ``patches`` applied, packed again under
+    the same name in ``into``."""
     if not archive.is_file():
         raise InstallError(f"the Horovod sdist was not downloaded to {archive}")
     tree = into / "tree"
     with tarfile.open(archive) as tar:
         tar.extractall(tree, filter="data")
     (source,) = tree.iterdir()
-    patch_cxx17(source)
+    horovod_patches.apply(source, patches, VERSION)
     out = into / archive.name
     with tarfile.open(out, "w:gz") as tar:
         tar.add(source, arcname=source.name)
@@ -213,26 +230,6 @@ def check_wheel(wheel: Path, t: Target) -> None:
     if missing:
         raise InstallError(f"the Horovod wheel built for {t.frameworks()} lacks "
                            f"{', '.join(missing)}; nothing was cached or installed")
-
-
-def patch_cxx17(source: Path) -> None:
-    """Compile Horovod as C++17, as PyTorch's headers require (:data:`CXX17_PATCH`).
-
-    Raises:
-        InstallError: A line to change is not what Horovod 0.28.1 released (another
-            version, or a modified sdist): nothing is guessed.
-    """
-    for name, number, line in CXX17_PATCH:
-        path = source / name
-        lines = path.read_text().split("\n")
-        found = lines[number - 1] if len(lines) >= number else "<missing>"
-        if found != line:
-            raise InstallError(
-                f"cannot apply the C++17 patch for PyTorch to Horovod {VERSION}: line "
-                f"{number} of {name} is {found!r}, expected {line!r}"
-            )
-        lines[number - 1] = line.replace("CMAKE_CXX_STANDARD 14", "CMAKE_CXX_STANDARD 17")
-        path.write_text("\n".join(lines))
 
 
 def wheel_in(directory: Path) -> Path:

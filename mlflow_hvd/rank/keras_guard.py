@@ -95,7 +95,7 @@ class _Refuse(importlib.abc.MetaPathFinder):
         if fullname == "tensorflow" and not self.tensorflow_checked:
             self.tensorflow_checked = True  # once: the version is read from metadata
             try:
-                compat.TENSORFLOW.check(compat.TENSORFLOW.installed(), " (in this rank)")
+                compat.check_tensorflow(compat.TENSORFLOW.installed(), " (in this rank)")
             except UnsupportedVersionError as exc:
                 raise IncompatibleImportError(str(exc)) from None
         if fullname in GLOO_CHECKED and fullname not in self.horovod_checked:

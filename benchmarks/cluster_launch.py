@@ -44,13 +44,14 @@ def main() -> None:
         import horovod.spark
         from pyspark.sql import SparkSession
 
-        from mlflow_hvd import HorovodRunner
+        from mlflow_hvd import HorovodRunner, TrackingConfig
 
         spark = SparkSession.builder.getOrCreate()  # master etc. from spark-defaults.conf
         spark.sparkContext.setLogLevel("ERROR")
 
         def ours() -> float:
-            return float(HorovodRunner(np=4, spark=spark, track=False).run(trivial_allreduce))
+            return float(HorovodRunner(np=4, spark=spark,
+                tracking=TrackingConfig(track=False)).run(trivial_allreduce))
 
         def peer() -> float:
             # horovod.spark matches NICs by name; name the one that routes (ours finds it)

@@ -192,11 +192,12 @@ def rank_passes(data: Any, t0: float) -> dict[str, Any]:
 
 
 def mlflow_hvd_round(spark: Any, rows: int) -> dict[str, Any]:
-    from mlflow_hvd import HorovodRunner
+    from mlflow_hvd import HorovodRunner, TrackingConfig
 
     df = frame(spark, rows)
     t0 = time.time()
-    return HorovodRunner(np=2, spark=spark, track=False).run(rank_passes, data=df, t0=t0)
+    return HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)).run(rank_passes,
+        data=df, t0=t0)
 
 
 def ensure_petastorm_venv() -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import workers  # the tests' lightweight rank functions
 
-from mlflow_hvd import HorovodRunner
+from mlflow_hvd import HorovodRunner, TrackingConfig
 from mlflow_hvd.driver import rendezvous as rdv
 
 LOAD = re.compile(r"the rendezvous server (\d+) requests in ([\d.]+)s \((\d+) not there yet,")
@@ -60,7 +60,7 @@ def one_job(np: int, spread: float, server: tuple[object, float]) -> tuple[float
     before = resource.getrusage(resource.RUSAGE_SELF)
     try:
         with tempfile.TemporaryDirectory() as connected:
-            result = HorovodRunner(np=-np, track=False).run(
+            result = HorovodRunner(np=-np, tracking=TrackingConfig(track=False)).run(
                 workers.scale_rank, lines=0, ranks_per_host=8, spread=spread,
                 rendezvous_dir=connected)
     finally:

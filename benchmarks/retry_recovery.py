@@ -92,7 +92,7 @@ def main() -> None:
     import mlflow
     from pyspark.sql import SparkSession
 
-    from mlflow_hvd import HorovodRunner
+    from mlflow_hvd import HorovodRunner, JobConfig
 
     work = tempfile.mkdtemp(prefix="retry-bench-")
     mlflow.set_tracking_uri(f"sqlite:///{work}/mlflow.db")
@@ -103,7 +103,7 @@ def main() -> None:
 
     def recovery() -> float:
         marks = tempfile.mkdtemp(dir=work)
-        resumed = HorovodRunner(np=2, spark=spark, max_failures=1, stop_grace=2).run(
+        resumed = HorovodRunner(np=2, spark=spark, job=JobConfig(max_failures=1, stop_grace=2)).run(
             train, marks=marks, kill=True)
         first = read(os.path.join(marks, "first_step_1"))
         assert resumed == 2 and first["epoch"] == 2, (resumed, first)

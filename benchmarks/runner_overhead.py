@@ -60,7 +60,7 @@ def main() -> None:
     import horovod.spark
     from pyspark.sql import SparkSession
 
-    from mlflow_hvd import HorovodRunner
+    from mlflow_hvd import HorovodRunner, TrackingConfig
 
     spark = (
         SparkSession.builder.master("local-cluster[2,1,1024]")
@@ -72,13 +72,14 @@ def main() -> None:
 
     arms: dict[str, Callable[[], float]] = {
         "HorovodRunner(np=2) on Spark": lambda: float(
-            HorovodRunner(np=2, spark=spark, track=False).run(trivial_allreduce)
+            HorovodRunner(np=2, spark=spark,
+                tracking=TrackingConfig(track=False)).run(trivial_allreduce)
         ),
         "horovod.spark.run(num_proc=2)": lambda: float(
             horovod.spark.run(trivial_allreduce, num_proc=2, use_gloo=True, verbose=0)[0]
         ),
         "HorovodRunner(np=-2) local": lambda: float(
-            HorovodRunner(np=-2, track=False).run(trivial_allreduce)
+            HorovodRunner(np=-2, tracking=TrackingConfig(track=False)).run(trivial_allreduce)
         ),
         "two concurrent TF+Horovod imports": two_imports,
     }

@@ -103,7 +103,7 @@ def one_job(np: int, args: argparse.Namespace, spark: object = None) -> Sample:
     """One job, measured in this (the driver's) process. ``np < 0``: local processes."""
     import mlflow
 
-    from mlflow_hvd import HorovodRunner
+    from mlflow_hvd import HorovodRunner, JobConfig
 
     n = abs(np)
     me = psutil.Process()
@@ -128,7 +128,7 @@ def one_job(np: int, args: argparse.Namespace, spark: object = None) -> Sample:
         try:
             with redirect_stdout(_Output()) as out, mlflow.start_run() as run:
                 result = HorovodRunner(np=np, spark=spark, driver_log_verbosity="all",
-                                       start_timeout=args.start_timeout).run(
+                    job=JobConfig(start_timeout=args.start_timeout)).run(
                     workers.scale_rank, lines=args.lines, metrics=args.metrics,
                     ranks_per_host=args.ranks_per_host, spread=args.spread,
                     rendezvous_timeout=args.gloo_timeout,
@@ -174,12 +174,13 @@ def _job_flags(args: argparse.Namespace) -> list[str]:
 def spark_child(n: int, args: argparse.Namespace) -> None:
     from pyspark.sql import SparkSession
 
-    from mlflow_hvd import HorovodRunner
+    from mlflow_hvd import HorovodRunner, JobConfig, TrackingConfig
 
     spark = (SparkSession.builder.master(f"local[{n}]")
              .config("spark.ui.enabled", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    HorovodRunner(np=n, spark=spark, track=False, start_timeout=args.start_timeout).run(
+    HorovodRunner(np=n, spark=spark, job=JobConfig(start_timeout=args.start_timeout),
+        tracking=TrackingConfig(track=False)).run(
         workers.count_lines, n=0)  # warm-up
     print(json.dumps(asdict(one_job(n, args, spark))), flush=True)
 
@@ -223,7 +224,8 @@ def main() -> None:
                    help="seconds a rank waits for each key (HOROVOD_GLOO_TIMEOUT_SECONDS; "
                         "hundreds of Python ranks on one machine are slower than real ones)")
     p.add_argument("--start-timeout", type=float, default=60.0,
-                   help="HorovodRunner(start_timeout=...): a barrier stage of 256 tasks on "
+                   help="HorovodRunner(job=JobConfig(start_timeout=...)): a barrier stage of 256 "
+                       "tasks on "
                         "one 2-core machine starts 768 Python processes (Spark's worker, our "
                         "agent and the rank per task) and needs more than the default 60 s")
     p.add_argument("--spark-child", type=int, help=argparse.SUPPRESS)
@@ -261,9 +263,9 @@ def main() -> None:
 
 def warm_up() -> None:
     """Imports and caches, before anything is measured."""
-    from mlflow_hvd import HorovodRunner
+    from mlflow_hvd import HorovodRunner, TrackingConfig
 
-    HorovodRunner(np=-8, track=False).run(workers.count_lines, n=1)
+    HorovodRunner(np=-8, tracking=TrackingConfig(track=False)).run(workers.count_lines, n=1)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def one_sweep(spark: Any, trials: int, data: Any) -> list[float]:
 
     fixed = {"data": data} if data is not None else {}
     result = sweep(trial, {"lr": hp.uniform("lr", 0.0, 1.0)}, max_evals=trials, np=2,
-                   fixed_params=fixed, runner_options={"spark": spark})
+                   fixed_params=fixed, spark=spark)
     client = mlflow.MlflowClient()
     runs = client.search_runs([client.get_run(result.parent_run_id).info.experiment_id],
                               f"tags.mlflow.parentRunId = '{result.parent_run_id}'",

@@ -91,7 +91,7 @@ def main() -> None:
         for k in ((1, 2) if r % 2 == 0 else (2, 1)):
             t0 = time.monotonic()
             result = sweep(train, space, max_evals=args.trials, np=2, seed=r, parallelism=k,
-                           fixed_params=fixed, runner_options={"spark": spark})
+                           fixed_params=fixed, spark=spark)
             walls[k].append(time.monotonic() - t0)
             best[k].append(result.best_loss)
             children = client.search_runs(

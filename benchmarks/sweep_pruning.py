@@ -29,7 +29,6 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "examples"))
@@ -88,11 +87,9 @@ def main() -> None:
     mlflow.set_tracking_uri(f"sqlite:///{tmp}/bench.db")
     os.environ["MLFLOW_TRACKING_URI"] = mlflow.get_tracking_uri()
     spark = None
-    runner_options: dict[str, Any] = {}
     if args.np > 0:
         spark = SparkSession.builder.master(f"local[{args.np}]").getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
-        runner_options = {"spark": spark}
     client = mlflow.MlflowClient()
     space = {
         "learning_rate": hp.loguniform("learning_rate", -8.0, -4.0),
@@ -104,14 +101,14 @@ def main() -> None:
     # --- what pruning costs per epoch -----------------------------------------------------
     on: list[float] = []
     off: list[float] = []
-    with HorovodRunner(np=args.np, **runner_options) as runner:
+    with HorovodRunner(np=args.np, spark=spark) as runner:
         runner.run(empty_epochs, epochs=args.cost_epochs)  # warm-up: first-job costs
         for _ in range(args.cost_rounds):
             for judged in (True, False):
                 judge = (TrialJudge(MedianRule(grace_epochs=10**9), History(), "val_loss",
                                     1.0, None) if judged else None)
-                per_epoch = runner._run_with(RunHooks(epoch_judge=judge), empty_epochs,
-                                             {"epochs": args.cost_epochs})
+                per_epoch = runner.run_with(RunHooks(epoch_judge=judge), empty_epochs,
+                                            epochs=args.cost_epochs)
                 (on if judged else off).append(per_epoch * 1000)
     print(f"per-epoch cost, {args.cost_rounds} alternated rounds of {args.cost_epochs} empty "
           f"epochs on np={args.np} (min / median / max, ms):")
@@ -125,7 +122,7 @@ def main() -> None:
     # --- pruned against unpruned sweeps ------------------------------------------------------
     # warm-up: the OS caches and the first TensorFlow import, for every arm alike
     sweep(digits_keras.train, space, max_evals=1, np=args.np, fixed_params={**fixed, "epochs": 1},
-          runner_options=runner_options)
+          spark=spark)
     best: dict[str, list[float]] = {a: [] for a in arms}
     test: dict[str, list[float]] = {a: [] for a in arms}
     epochs: dict[str, list[float]] = {a: [] for a in arms}
@@ -137,7 +134,7 @@ def main() -> None:
             t0 = time.monotonic()
             rule, _, grace = arm.partition(":")
             result = sweep(digits_keras.train, space, max_evals=args.trials, np=args.np,
-                           seed=seed, fixed_params=fixed, runner_options=runner_options,
+                           seed=seed, fixed_params=fixed, spark=spark,
                            prune=None if arm == "none" else rule, grace_epochs=int(grace or 1))
             walls[arm].append(time.monotonic() - t0)
             children = client.search_runs(

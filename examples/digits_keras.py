@@ -69,7 +69,7 @@ def train(
     rank 0 when alone) crash at the start of that epoch; ``kill_at_epoch`` makes it SIGKILL
     itself half-way through that epoch, on the job's first attempt only. They exist to
     demonstrate and test resuming from a checkpoint, by hand or with
-    ``HorovodRunner(max_failures=...)``.
+    ``HorovodRunner(job=JobConfig(max_failures=...))``.
     """
     import os
     import signal

@@ -59,7 +59,8 @@ def train(
     checkpoint of model and optimizer, ``test_*`` at the end, and the model.
     ``log_every_n_steps`` > 0 also logs ``step_loss`` every that many batches (step = global
     batch). ``fail_at_epoch`` makes rank 1 (rank 0 when alone) raise at the start of that
-    epoch on the job's first attempt: with ``HorovodRunner(max_failures=1)`` the second
+    epoch on the job's first attempt: with ``HorovodRunner(job=JobConfig(max_failures=1))`` the
+    second
     attempt resumes after the last checkpoint.
     """
     import horovod.torch as hvd

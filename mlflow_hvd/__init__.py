@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mlflow_hvd.common.config import ClusterConfig, JobConfig, TrackingConfig
     from mlflow_hvd.common.horovod_env import HorovodOptions
     from mlflow_hvd.errors import (
         AuthenticationError,
@@ -52,11 +53,13 @@ __all__ = [
     "AuthenticationError",
     "BackendError",
     "ChannelError",
+    "ClusterConfig",
     "ConfigurationError",
     "HorovodOptions",
     "HorovodRunner",
     "IncompatibleImportError",
     "InsufficientSlotsError",
+    "JobConfig",
     "MlflowHvdError",
     "RankFailure",
     "RetriesExhaustedError",
@@ -64,6 +67,7 @@ __all__ = [
     "SparkBarrierUnsupportedError",
     "StartTimeoutError",
     "Terminated",
+    "TrackingConfig",
     "TrackingError",
     "UnsupportedVersionError",
     "WorkerFailedError",
@@ -73,6 +77,8 @@ __all__ = [
 ]
 _WHERE = {
     **{name: "mlflow_hvd.errors" for name in __all__ if name != "enable_logging"},
+    **{name: "mlflow_hvd.common.config"
+       for name in ("ClusterConfig", "JobConfig", "TrackingConfig")},
     "HorovodOptions": "mlflow_hvd.common.horovod_env",
     "HorovodRunner": "mlflow_hvd.runner",
     "log_to_driver": "mlflow_hvd.rank.context",

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,8 @@ import cloudpickle
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.backends.local import LocalBackend
 from mlflow_hvd.backends.spark.boot import SessionBoot, refuse_unshipped
-from mlflow_hvd.common import compat
+from mlflow_hvd.common import compat, config
+from mlflow_hvd.common.config import ClusterConfig, JobConfig, TrackingConfig
 from mlflow_hvd.common.horovod_env import HorovodOptions
 from mlflow_hvd.common.options import check_np
 from mlflow_hvd.driver.feed import Feed, split_frames
@@ -56,49 +57,15 @@ class HorovodRunner:
         driver_log_verbosity: ``"log_callback_only"`` (default) shows on the driver only
             what workers send with :func:`mlflow_hvd.log_to_driver`, and errors;
             ``"all"`` also streams every rank's stdout and stderr, prefixed ``[rank]<stream>:``.
-        start_timeout: Seconds a starting job may go without progress: with no rank
-            reaching the driver and no task feeding the data for that long, the job ends
-            with ``StartTimeoutError`` naming the ranks that never started.
-        slot_timeout: Seconds to wait for Spark executors to offer ``np`` task slots.
-        timeout: Optional limit in seconds on the whole run (None: no limit).
-        stop_grace: Seconds between SIGTERM and SIGKILL when stopping ranks.
         spark: The SparkSession to use for ``np > 0`` (default: the active one, else one on
             the master Spark's own settings name, else an embedded ``local[N]``).
-        spark_master: The Spark master for a new session (e.g. ``spark://host:7077``);
-            None or ``"auto"``: ``PYSPARK_SUBMIT_ARGS``' ``--master``, ``spark.master`` in
-            ``spark-defaults.conf``, or ``MASTER``, as ``spark-submit`` reads them.
-        gloo_iface: Network interface for Gloo (default: the one routing to the driver).
-        max_line_bytes: Longer output lines are cut with a ``...[line truncated: N more
-            bytes]`` marker.
-        track: Log the job into one MLflow run owned by the driver: the active run, the
-            run of ``mlflow run`` (``MLFLOW_RUN_ID``), or a new run that ``run`` ends with
-            status FINISHED, FAILED or KILLED. Rank 0 logs into it through
-            :mod:`mlflow_hvd.tracking`. ``False``: no MLflow at all.
-        log_system_metrics: Also log MLflow system metrics, once per node.
-        tracking_timeout: Seconds given to the tracking server at the end of a job, once
-            for rank 0 to deliver what it queued and once for the driver to end the run
-            (status, failure tags): against an unreachable server ``run`` returns or raises
-            the job's own outcome at most ``2 * tracking_timeout`` after training ends
-            (default: 60 s). During training nothing waits for the server: rank 0 buffers
-            through an outage (memory, then disk) and delivers in order when it is back.
-        undelivered_dir: Where the driver saves what never reached the server, one bundle
-            per run, with a warning naming the count and the path; replay it with
-            ``python -m mlflow_hvd.tracking.replay <path>``. Default:
-            ``MLFLOW_HVD_UNDELIVERED_DIR``, else ``~/.local/state/mlflow_hvd/undelivered``.
-
-        max_failures: Restart the whole job after a rank or backend failure, up to this many
-            times (all-or-nothing, like a Spark barrier stage; default 0: no restart). Each
-            attempt runs in the same MLflow run, so training code that resumes from the
-            run's latest checkpoint (:func:`mlflow_hvd.keras.restore_from_checkpoint`)
-            continues where the failed attempt's last checkpoint left off. Every attempt is
-            logged (metric ``mlflow_hvd.attempt`` at step = attempt, and
-            ``attempts/attempt_<k>_error.txt`` with each failure in full); when all fail,
-            :class:`~mlflow_hvd.errors.RetriesExhaustedError` carries every cause.
-            Workers can read their attempt with :func:`mlflow_hvd.attempt`.
-
-        idle_timeout: Inside ``with runner:``, warm ranks that wait longer than this for
-            the next ``run`` are retired (their Spark slots freed); the next ``run`` starts
-            new ones.
+        job: How each job is started, watched and restarted (:class:`JobConfig`: timeouts,
+            ``max_failures``, output line length).
+        cluster: Spark, the network and what is shipped to executors
+            (:class:`ClusterConfig`: master, Gloo interface, GPU resource, shipped
+            environment, DataFrame shard compression).
+        tracking: The job's MLflow run (:class:`TrackingConfig`: on/off, system metrics,
+            the end-of-job deadline, where undelivered records go, credentials' variables).
         horovod: ``horovodrun``'s tuning flags for every rank
             (:class:`~mlflow_hvd.HorovodOptions`: timeline, fusion threshold, cycle time,
             cache capacity, hierarchical allreduce/allgather, autotune and its log). The
@@ -109,32 +76,9 @@ class HorovodRunner:
             autotune log is written on rank 0's host and logged to the job's run
             (``horovod/timeline.json``, ``horovod/autotune_log.csv``) when ``main``
             returns.
-        gpu_resource: For ``np > 0`` with Spark's resource scheduling
-            (``spark.task.resource.<name>.amount``): the resource whose addresses each rank
-            gets as ``CUDA_VISIBLE_DEVICES`` (default ``"gpu"``). A rank sees the GPUs Spark
-            gave the job's tasks on its host, ordered by local rank, so
-            ``gpus[hvd.local_rank()]`` is the one Spark gave its own task; where Spark let
-            tasks share a GPU (a fractional amount), a rank sees only its own. Without the
-            resource nothing is changed. ``np < 0``: ``CUDA_VISIBLE_DEVICES`` is left as the
-            driver has it, so local rank ``i`` takes the driver's ``i``-th visible GPU.
-        tracking_env: Names of further variables of the driver's environment that rank 0's
-            MLflow client needs, e.g. an artifact store's (``AWS_ACCESS_KEY_ID``, ...).
-            They reach rank 0 as MLflow's own client settings do: the driver's
-            ``MLFLOW_TRACKING_USERNAME``, ``MLFLOW_TRACKING_PASSWORD``,
-            ``MLFLOW_TRACKING_TOKEN``, ``MLFLOW_TRACKING_INSECURE_TLS`` and the files of
-            ``MLFLOW_TRACKING_SERVER_CERT_PATH`` / ``MLFLOW_TRACKING_CLIENT_CERT_PATH``, read
-            at each ``run``, are handed to the job's rank 0 over its channel, sealed with the
-            job's secret, and to no other rank (docs/cluster.md: "Tracking servers with
-            authentication").
-        data_compression: ``"lz4"``/``"zstd"`` compress the shards of DataFrame arguments
-            (less disk, a copy as ranks read); None: memory-mapped (docs/data.md).
-        ship_environment: True: this venv, packed (cached), shipped with the session the
-            runner builds; a path: that archive (docs/cluster.md).
-        environment_timeout: Seconds a shipped environment gets to be unpacked: on the
-            driver while the session the runner builds starts (Spark unpacks archives
-            there too; added to ``start_timeout``), and on every executor before the
-            session's first job, with Horovod loaded from it (a plain Spark stage ahead of
-            the barrier stage; once per application).
+
+    Any other keyword is refused naming the group it belongs to (``HorovodRunner(np=2,
+    timeout=600)``: ``timeout`` is an option of ``JobConfig``).
 
     SIGTERM to the driver while ``run`` executes (main thread) ends it like Ctrl-C: ranks
     stopped, the Spark job group cancelled, the run ended KILLED, and
@@ -146,47 +90,56 @@ class HorovodRunner:
         *,
         np: int,
         driver_log_verbosity: str = "log_callback_only",
-        start_timeout: float = 60.0,
-        slot_timeout: float = 30.0,
-        timeout: float | None = None,
-        stop_grace: float = 5.0,
         spark: Any = None,
-        spark_master: str | None = None,
-        gloo_iface: str | None = None,
-        max_line_bytes: int = 16384,
-        track: bool = True,
-        log_system_metrics: bool = False,
-        tracking_timeout: float = 30.0,
-        undelivered_dir: str | None = None,
-        max_failures: int = 0,
-        idle_timeout: float = 3600.0,
+        job: JobConfig | None = None,
+        cluster: ClusterConfig | None = None,
+        tracking: TrackingConfig | None = None,
         horovod: HorovodOptions | None = None,
-        gpu_resource: str = "gpu",
-        tracking_env: Sequence[str] = (),
-        data_compression: str | None = None,
-        ship_environment: bool | str = False,
-        environment_timeout: float = 600.0,
+        **misplaced: Any,
     ) -> None:
+        if misplaced:
+            raise ConfigurationError(config.misplaced(next(iter(misplaced)), "HorovodRunner"))
         self.num_processor = check_np(np)
         """``np`` under the attribute name of Databricks' HorovodRunner."""
-        self._options = runner_options(
-            driver_log_verbosity, start_timeout, slot_timeout, timeout, stop_grace,
-            spark_master, gloo_iface, max_line_bytes, track, log_system_metrics,
-            tracking_timeout, undelivered_dir, max_failures, idle_timeout, horovod,
-            gpu_resource, tracking_env, data_compression, ship_environment,
-            environment_timeout)
+        self._options = runner_options(driver_log_verbosity, job, cluster, tracking, horovod)
         self.driver_log_verbosity = self._options.settings.verbosity.value
         self._spark = spark
+        ship = self._options.cluster.ship_environment
         if spark is not None:
-            refuse_unshipped(spark, self._options.ship_environment)
+            refuse_unshipped(spark, ship)
         self._pool = RankPool(abs(self.num_processor), self._backend, warm=False)
-        self._boot = SessionBoot(self.num_processor, spark_master, self._options.slot_timeout,
-                                 self._options.ship_environment,
-                                 self._options.environment_timeout)
+        self._boot = SessionBoot(self.num_processor, self._options.cluster.spark_master,
+                                 self._options.job.slot_timeout, ship,
+                                 self._options.cluster.environment_timeout)
         self.last_job_id: str | None = None
         """Id of the latest job; for ``np > 0`` also its Spark job group (Spark UI)."""
         self.last_run_id: str | None = None
         """Id of the latest ``run``'s MLflow run (None without tracking)."""
+
+    @property
+    def job(self) -> JobConfig:
+        """The :class:`JobConfig` this runner was made with (its defaults if none)."""
+        return self._options.job
+
+    @property
+    def cluster(self) -> ClusterConfig:
+        """The :class:`ClusterConfig` this runner was made with (its defaults if none)."""
+        return self._options.cluster
+
+    @property
+    def tracking(self) -> TrackingConfig:
+        """The :class:`TrackingConfig` this runner was made with (its defaults if none)."""
+        return self._options.tracking
+
+    @property
+    def horovod(self) -> HorovodOptions | None:
+        """The :class:`~mlflow_hvd.HorovodOptions` this runner was made with, if any."""
+        return self._options.horovod
+
+    @property
+    def spark(self) -> Any:
+        """The SparkSession given to this runner (None: it uses or builds one itself)."""
+        return self._spark
 
     @property
     def np(self) -> int:
@@ -215,30 +168,31 @@ class HorovodRunner:
             InsufficientSlotsError: Spark will not offer ``np`` task slots.
             BackendError: Spark or the local backend failed outside the user's code.
         """
-        return self._run_with(RunHooks(), main, kwargs)
+        return self.run_with(RunHooks(), main, **kwargs)
 
-    def _run_with(self, hooks: RunHooks, main: Callable[..., Any],
-                  kwargs: dict[str, Any]) -> Any:
-        """:meth:`run` with per-run ``hooks`` (the sweep's epoch judge and log prefix)."""
+    def run_with(self, hooks: RunHooks, main: Callable[..., Any], /, **kwargs: Any) -> Any:
+        """:meth:`run` with per-run :class:`RunHooks`: what a face built on the runner (the
+        sweep: its trials' epoch judge, log prefix and parent run) sets for one run only.
+        Returns and raises as :meth:`run`."""
         check_call(main, kwargs)
         compat.check_driver(self.num_processor)
         # DataFrames: each rank gets its own shard
-        kwargs, feed = split_frames(kwargs, self._spark, self._options.data_compression)
+        kwargs, feed = split_frames(kwargs, self._spark, self.cluster.data_compression)
         code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
         self._boot.new_run()  # the master is resolved once per run
         self.prepare()  # a new SparkSession boots while MLflow's run is being set up
         settings = dataclasses.replace(self._options.settings, log_prefix=hooks.log_prefix)
         with sigterm_interrupts():
-            if not self._options.track:
+            if not self.tracking.track:
                 return self._attempts(main, code, None, settings, hooks, feed)
             from mlflow_hvd.driver.tracking.run import driver_run
 
             with driver_run(
                 self.num_processor,
                 self._describe_backend(),
-                self._options.system_metrics,
-                self._options.tracking_timeout,
-                self._options.undelivered_dir,
+                self.tracking.log_system_metrics,
+                self.tracking.tracking_timeout,
+                self.tracking.undelivered_dir,
             ) as target:
                 self.last_run_id = target.run_id
                 return self._attempts(main, code, target, settings, hooks, feed)
@@ -248,7 +202,7 @@ class HorovodRunner:
         """Run the job; what follows a failure is :class:`RetryPolicy`'s decision: run it
         again (it never started), restart it as a new attempt in the same MLflow run (up to
         ``max_failures`` times), or raise."""
-        max_failures, timeout = self._options.max_failures, self._options.tracking_timeout
+        max_failures, timeout = self.job.max_failures, self.tracking.tracking_timeout
         policy = RetryPolicy(max_failures)
         failures: list[BaseException] = []
         record = target if max_failures > 0 else None  # attempts only when retrying
@@ -300,7 +254,7 @@ class HorovodRunner:
 
             # the driver's MLflow client settings, read now, for rank 0 over the channel
             settings = dataclasses.replace(settings, credentials=collect_credentials(
-                os.environ, self._options.tracking_env))
+                os.environ, self.tracking.tracking_env))
             target = dataclasses.replace(
                 target, authenticated=settings.credentials is not None,
                 # an earlier attempt logged: rank 0 asks the server what the run holds
@@ -358,7 +312,7 @@ class HorovodRunner:
     def _undelivered_root(self) -> str:
         from mlflow_hvd.driver.tracking import undelivered
 
-        return self._options.undelivered_dir or undelivered.default_root()
+        return self.tracking.undelivered_dir or undelivered.default_root()
 
     def _describe_backend(self) -> dict[str, str]:
         """The backend's facts for the run's tags, without starting anything."""
@@ -390,6 +344,23 @@ class HorovodRunner:
             return self._spark
         return self._boot.session(self._options.settings.start_timeout)
 
+    def task_slots(self) -> TaskSlots:
+        """The task slots this runner's jobs can use at once: for ``np > 0`` the Spark
+        session's (starting it if needed; executors x cores / ``spark.task.cpus`` as the
+        master declares them, else as registered, after waiting up to ``slot_timeout`` for
+        ``np`` of them), for ``np < 0`` the driver's cores.
+
+        Raises:
+            InsufficientSlotsError: Spark did not offer ``np`` slots within ``slot_timeout``.
+        """
+        if self.num_processor < 0:
+            return TaskSlots(os.cpu_count() or 1, "the driver")
+        from mlflow_hvd.backends.spark.session import session_slots
+
+        count, master = session_slots(self._session(), self.num_processor,
+                                      self.job.slot_timeout)
+        return TaskSlots(count, f"the Spark cluster (master {master})")
+
     def _backend(self, feed: Feed | None) -> tuple[Backend, str]:
         """A backend for a new generation of ranks, fed ``feed``'s DataFrames if any."""
         np = abs(self.num_processor)
@@ -403,8 +374,8 @@ class HorovodRunner:
             feed.check_session(spark)
         frame = feed.fed_frame(np) if feed is not None else None
         host = spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
-        backend = SparkBackend(spark, self._options.slot_timeout, frame,
-                               self._options.environment_timeout)
+        backend = SparkBackend(spark, self.job.slot_timeout, frame,
+                               self.cluster.environment_timeout)
         return backend, resolve_host(host)
 
 
@@ -415,9 +386,26 @@ def _name(fn: Callable[..., Any]) -> str:
 
 @dataclass(frozen=True)
 class RunHooks:
-    """Per-run settings of a face built on the runner (internal: the sweep's), passed to
-    :meth:`HorovodRunner._run_with` rather than set on the runner."""
+    """Per-run settings of a face built on the runner (the sweep is one), passed to
+    :meth:`HorovodRunner.run_with` for one run rather than set on the runner.
 
-    epoch_judge: EpochJudge | None = None  # judges rank 0's per-epoch metric (pruning)
-    log_prefix: str = ""  # before every worker line shown on the driver, e.g. "[trial 3]"
-    dataset_runs: tuple[str, ...] = ()  # further runs that record the job's DataFrames
+    Attributes:
+        epoch_judge: Judges rank 0's per-epoch metric and may stop the job after an epoch
+            (the sweep's pruning; :mod:`mlflow_hvd.driver.tracking.epochs`).
+        log_prefix: Put before every rank line shown on the driver, e.g. ``"[trial 3]"``.
+        dataset_runs: Further MLflow runs that record the job's DataFrames as inputs (the
+            sweep's parent run).
+    """
+
+    epoch_judge: EpochJudge | None = None
+    log_prefix: str = ""
+    dataset_runs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TaskSlots:
+    """What :meth:`HorovodRunner.task_slots` reports: how many tasks can run at once, and
+    where (for messages)."""
+
+    count: int
+    where: str

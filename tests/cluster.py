@@ -407,7 +407,7 @@ def drive(cluster: Cluster, body: str, cwd: Path, timeout: float = 300, **env: s
         "import json, sys, time",
         f"sys.path.insert(0, {str(TESTS)!r})",
         "import workers",
-        "from mlflow_hvd import HorovodRunner",
+        "from mlflow_hvd import ClusterConfig, HorovodRunner, JobConfig, TrackingConfig",
         "t0 = None  # a body sets it where the wait it tests starts",
         "try:",
         textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),

@@ -17,7 +17,7 @@ import pytest
 import workers
 from services import ADMIN_PASSWORD, start_mlflow_server, stop_group
 
-from mlflow_hvd import HorovodRunner, TrackingError
+from mlflow_hvd import HorovodRunner, JobConfig, TrackingConfig, TrackingError
 from mlflow_hvd.sweep import sweep
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def test_only_rank_0_gets_the_drivers_credentials_and_the_run_has_its_artifacts(
     as_admin: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ARTIFACT_STORE_KEY", "k3y")  # opted in with tracking_env
-    runner = HorovodRunner(np=-2, tracking_env=["ARTIFACT_STORE_KEY"])
+    runner = HorovodRunner(np=-2, tracking=TrackingConfig(tracking_env=["ARTIFACT_STORE_KEY"]))
     assert runner.run(workers.log_and_hold, seconds=0, extra_var="ARTIFACT_STORE_KEY") == {
         "rank": 0, "password_here": True}
     out = capsys.readouterr().out
@@ -81,7 +81,7 @@ def test_a_wrong_password_is_refused_before_any_rank_starts(
 def test_a_torch_job_resumed_after_a_failure_and_a_sweep_log_through_the_auth_server(
     as_admin: str, tmp_path: Path,
 ) -> None:
-    runner = HorovodRunner(np=-2, max_failures=1, stop_grace=2)
+    runner = HorovodRunner(np=-2, job=JobConfig(max_failures=1, stop_grace=2))
     result = runner.run(digits_torch.train, epochs=2, fail_at_epoch=1)
     assert len(set(result["checksums"])) == 1
     client = mlflow.MlflowClient()
@@ -168,7 +168,8 @@ def test_tracking_env_must_name_variables() -> None:
     from mlflow_hvd import ConfigurationError
 
     with pytest.raises(ConfigurationError) as info:
-        HorovodRunner(np=-2, tracking_env="AWS_ACCESS_KEY_ID")  # type: ignore[arg-type]
+        HorovodRunner(np=-2,
+            tracking=TrackingConfig(tracking_env="AWS_ACCESS_KEY_ID"))  # type: ignore[arg-type]
     assert str(info.value) == (
         "tracking_env must be a list of environment variable names, e.g. "
         "['AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY'], got 'AWS_ACCESS_KEY_ID'")

@@ -100,13 +100,15 @@ def batch(cluster: Cluster, _loopback_server: Any,
                                  "elapsed": time.monotonic() - t0}}
 
         case("np5", {cluster.mlflow_url!r}, None,
-             HorovodRunner(np=5, slot_timeout={SLOT_TIMEOUT}, spark=spark), workers.collectives)
+             HorovodRunner(np=5, job=JobConfig(slot_timeout={SLOT_TIMEOUT}), spark=spark),
+             workers.collectives)
         case("driver_disk", {store_uri!r}, None, HorovodRunner(np=2, spark=spark),
              workers.metric_then_file)
         case("unreachable", {_loopback_server.url!r}, {experiment!r},
-             HorovodRunner(np=2, start_timeout={START_TIMEOUT}, spark=spark),
+             HorovodRunner(np=2, job=JobConfig(start_timeout={START_TIMEOUT}), spark=spark),
              workers.collectives)
-        case("gpus", {cluster.mlflow_url!r}, None, HorovodRunner(np=4, spark=spark, track=False),
+        case("gpus", {cluster.mlflow_url!r}, None,
+             HorovodRunner(np=4, spark=spark, tracking=TrackingConfig(track=False)),
              workers.gpu_view, out_dir={str(views)!r})
     """, root, timeout=600)
     assert "error" not in out, out  # the program itself, not a case, failed
@@ -246,8 +248,9 @@ def test_executors_that_cannot_reach_the_driver_fail_within_the_start_deadline(
         from pyspark.sql import SparkSession
         spark = (SparkSession.builder.config("spark.driver.host", "198.51.100.250")
                  .getOrCreate())
-        runner = HorovodRunner(np=2, track=False, start_timeout={start_timeout},
-                               slot_timeout={slot_timeout}, spark=spark)
+        runner = HorovodRunner(np=2, tracking=TrackingConfig(track=False), spark=spark,
+                               job=JobConfig(start_timeout={start_timeout},
+                                             slot_timeout={slot_timeout}))
         t0 = time.monotonic()
         result = runner.run(workers.collectives)
     """, tmp_path, timeout=400)
@@ -264,8 +267,8 @@ class Driver(Program):
             "import json, sys",
             f"sys.path.insert(0, {str(TESTS)!r})",
             "import workers",
-            "from mlflow_hvd import HorovodRunner",
-            "runner = HorovodRunner(np=4, stop_grace=2)",
+            "from mlflow_hvd import ClusterConfig, HorovodRunner, JobConfig, TrackingConfig",
+            "runner = HorovodRunner(np=4, job=JobConfig(stop_grace=2))",
             "try:",
             textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),
             "except Exception as exc:",

@@ -56,7 +56,8 @@ def test_the_nodes_lack_the_environment_and_executors_fail_naming_the_interprete
             seen)
         assert bare.run_in(node, "test", "-e", sys.executable).returncode == 1
     out = drive(bare, """
-        result = HorovodRunner(np=4, track=False).run(workers.layout_everywhere)
+        runner = HorovodRunner(np=4, tracking=TrackingConfig(track=False))
+        result = runner.run(workers.layout_everywhere)
     """, tmp_path)
     assert out["error"] == "BackendError", out
     assert f"cannot start the Python interpreter {sys.executable} (PYSPARK_PYTHON" in (

@@ -55,9 +55,9 @@ def test_run_refuses_a_pyspark_outside_the_range_before_starting_anything(
 ) -> None:
     fake = _fake_distribution(tmp_path / "site", "pyspark", "3.4.1")
     proc = _python(
-        "from mlflow_hvd import HorovodRunner, UnsupportedVersionError\n"
+        "from mlflow_hvd import HorovodRunner, UnsupportedVersionError, TrackingConfig\n"
         "try:\n"
-        "    HorovodRunner(np=2, track=False).run(print)\n"
+        "    HorovodRunner(np=2, tracking=TrackingConfig(track=False)).run(print)\n"
         "except UnsupportedVersionError as exc:\n"
         "    print('REFUSED', exc)\n"
         "import sys; print('SPARK', 'pyspark.sql' in sys.modules)\n", fake, cwd=tmp_path)
@@ -68,9 +68,9 @@ def test_run_refuses_a_pyspark_outside_the_range_before_starting_anything(
 
 def test_run_refuses_legacy_keras_in_the_drivers_environment(tmp_path: Path) -> None:
     proc = _python(
-        "from mlflow_hvd import HorovodRunner, UnsupportedVersionError\n"
+        "from mlflow_hvd import HorovodRunner, UnsupportedVersionError, TrackingConfig\n"
         "try:\n"
-        "    HorovodRunner(np=-2, track=False).run(print)\n"
+        "    HorovodRunner(np=-2, tracking=TrackingConfig(track=False)).run(print)\n"
         "except UnsupportedVersionError as exc:\n"
         "    print('REFUSED', exc)\n", None, {"TF_USE_LEGACY_KERAS": "1"}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -159,9 +159,9 @@ def test_run_refuses_a_horovod_it_cannot_drive_naming_the_build_command(
 ) -> None:
     fake = _fake_horovod(tmp_path / "site", version, gloo=True)
     proc = _python(
-        "from mlflow_hvd import HorovodRunner, UnsupportedVersionError\n"
+        "from mlflow_hvd import HorovodRunner, UnsupportedVersionError, TrackingConfig\n"
         "try:\n"
-        "    HorovodRunner(np=-2, track=False).run(print)\n"
+        "    HorovodRunner(np=-2, tracking=TrackingConfig(track=False)).run(print)\n"
         "except UnsupportedVersionError as exc:\n"
         "    print('REFUSED', exc)\n", fake, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

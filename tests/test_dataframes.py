@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import workers
 
-from mlflow_hvd import HorovodRunner
+from mlflow_hvd import ClusterConfig, HorovodRunner, JobConfig, TrackingConfig
 from mlflow_hvd.errors import DataInputError, WorkerFailedError
 
 pytestmark = pytest.mark.spark
@@ -36,7 +36,7 @@ def test_shards_are_disjoint_equal_and_all_rows_but_the_reported_drop(spark: Any
     # a validation set of another schema in the same stage
     val = spark.range(0, 1_001, 1, 3).select(F.col("id").alias("vid"),
                                             F.concat(F.lit("t"), "id").alias("text"))
-    ranks = HorovodRunner(np=2, spark=spark, track=False).run(
+    ranks = HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)).run(
         workers.shard_census, data=data, val=val, batch_size=100)
     assert [r["rank"] for r in ranks] == [0, 1]
     rows = ranks[0]["rows"]
@@ -58,7 +58,7 @@ def test_skewed_partitions_give_every_rank_the_same_steps(spark: Any) -> None:
     # one partition of 3000 rows, four of 10: the feed's repartition evens them out
     big = frame(spark, 3_000, 1)
     small = frame(spark, 40, 4).selectExpr("id + 100000 as id", "x", "label")
-    ranks = HorovodRunner(np=2, spark=spark, track=False).run(
+    ranks = HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)).run(
         workers.shard_census, data=big.union(small), batch_size=64)
     assert {r["steps"] for r in ranks} == {ranks[0]["rows"] // 64}
     assert ranks[0]["rows"] >= (3_040 - 5) // 2
@@ -66,7 +66,7 @@ def test_skewed_partitions_give_every_rank_the_same_steps(spark: Any) -> None:
 
 def test_keras_fit_and_a_torch_loop_train_on_dataframe_shards(spark: Any) -> None:
     data = frame(spark, 2_000, 3)
-    with HorovodRunner(np=2, spark=spark, track=False) as runner:
+    with HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)) as runner:
         fitted = runner.run(workers.keras_fit_on_shard, data=data, epochs=2, batch_size=64)
         looped = runner.run(workers.torch_loop_on_shard, data=data, epochs=2, batch_size=50)
         generations = runner._pool.generations
@@ -84,7 +84,8 @@ def test_a_column_type_that_cannot_be_fed_is_refused_before_any_spark_job(spark:
     jobs_before = tracker.getJobIdsForGroup(None)
     with pytest.raises(DataInputError, match=r"column 'when' of the DataFrame passed as "
                                              r"data= has type timestamp, which cannot be fed"):
-        HorovodRunner(np=2, spark=spark, track=False).run(workers.echo, data=data)
+        HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)).run(workers.echo,
+            data=data)
     assert tracker.getJobIdsForGroup(None) == jobs_before
 
 
@@ -93,7 +94,7 @@ def test_nulls_and_empty_frames_fail_before_the_training_function(spark: Any) ->
 
     with_nulls = spark.range(0, 100, 1, 2).select(
         "id", F.when(F.col("id") == 57, None).otherwise(F.col("id") * 1.0).alias("y"))
-    runner = HorovodRunner(np=2, spark=spark, track=False)
+    runner = HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False))
     with pytest.raises(DataInputError, match=r"column 'y' of the DataFrame passed as "
                                              r"data= has null values"):
         runner.run(workers.echo, data=with_nulls)
@@ -105,18 +106,19 @@ def test_nulls_and_empty_frames_fail_before_the_training_function(spark: Any) ->
 def test_a_batch_larger_than_the_shard_fails_every_rank_alike(spark: Any) -> None:
     with pytest.raises(WorkerFailedError, match=r"batch_size=100 but every rank has 2\d rows "
                                                 r"of data= \(50 rows over 2 ranks\)"):
-        HorovodRunner(np=2, spark=spark, track=False).run(
+        HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)).run(
             workers.shard_census, data=frame(spark, 50, 2), batch_size=100)
 
 
 def test_a_dataframe_of_another_session_is_refused(spark: Any) -> None:
     other = spark.newSession().range(10)
     with pytest.raises(DataInputError, match="belongs to another SparkSession"):
-        HorovodRunner(np=2, spark=spark, track=False).run(workers.echo, data=other)
+        HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)).run(workers.echo,
+            data=other)
 
 
 def test_np_below_zero_feeds_the_driver_disk(spark: Any) -> None:
-    ranks = HorovodRunner(np=-2, track=False).run(
+    ranks = HorovodRunner(np=-2, tracking=TrackingConfig(track=False)).run(
         workers.shard_census, data=frame(spark, 1_001, 3), batch_size=10)
     assert [r["rows"] for r in ranks] == [500, 500]
     assert not set(ranks[0]["ids"]) & set(ranks[1]["ids"])
@@ -124,7 +126,7 @@ def test_np_below_zero_feeds_the_driver_disk(spark: Any) -> None:
 
 
 def test_plain_values_next_to_a_dataframe_are_passed_as_they_are(spark: Any) -> None:
-    result = HorovodRunner(np=2, spark=spark, track=False).run(
+    result = HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)).run(
         workers.echo, data=frame(spark, 20, 2), lr=0.5)
     assert result["kwargs"]["lr"] == 0.5
     shard = result["kwargs"]["data"]
@@ -136,7 +138,8 @@ def test_plain_values_next_to_a_dataframe_are_passed_as_they_are(spark: Any) -> 
 def test_the_shard_files_are_gone_once_the_job_is(spark: Any, np_: int) -> None:
     from services import wait_until
 
-    path, existed = HorovodRunner(np=np_, spark=spark if np_ > 0 else None, track=False).run(
+    path, existed = HorovodRunner(np=np_, spark=spark if np_ > 0 else None,
+        tracking=TrackingConfig(track=False)).run(
         workers.where_my_shard_is, data=frame(spark, 20, 2))
     assert existed and os.path.basename(os.path.dirname(path)).startswith("mlflow-hvd-feed-")
     wait_until(lambda: not os.path.exists(os.path.dirname(path)), 30,
@@ -186,7 +189,7 @@ def test_a_sweep_over_a_dataframe_feeds_its_warm_ranks_once(spark: Any, store: s
 
     result = sweep(workers.shard_trial, {"lr": hp.uniform("lr", 0.0, 1.0)}, max_evals=2, np=2,
                    fixed_params={"data": frame(spark, 1_000, 4)},
-                   runner_options={"spark": spark})
+                   spark=spark)
     client = mlflow.MlflowClient()
     trials = client.search_runs(
         [client.get_run(result.parent_run_id).info.experiment_id],
@@ -201,7 +204,7 @@ def test_a_sweep_over_a_dataframe_feeds_its_warm_ranks_once(spark: Any, store: s
 
 
 def test_a_retried_attempt_is_fed_again(spark: Any, store: str) -> None:
-    ranks = HorovodRunner(np=2, spark=spark, max_failures=1).run(
+    ranks = HorovodRunner(np=2, spark=spark, job=JobConfig(max_failures=1)).run(
         workers.census_after_a_failed_attempt, data=frame(spark, 300, 3))
     assert [r["rows"] for r in ranks] == [ranks[0]["rows"]] * 2
     assert len(set(ranks[0]["ids"]) | set(ranks[1]["ids"])) == 2 * ranks[0]["rows"]
@@ -222,7 +225,8 @@ def test_vectors_arrays_binary_text_and_booleans_reach_the_ranks(spark: Any) -> 
              [i, i + 1, i + 2], bytes([i, 255]), f"row {i}", i % 3 == 0) for i in range(40)]
     data = spark.createDataFrame(rows, schema).coalesce(1)  # file order = creation order
     # zstd-compressed shards read back the same
-    got = HorovodRunner(np=2, spark=spark, track=False, data_compression="zstd").run(
+    got = HorovodRunner(np=2, spark=spark, cluster=ClusterConfig(data_compression="zstd"),
+        tracking=TrackingConfig(track=False)).run(
         workers.first_rows, data=data)
     (v, v_type), (a, a_type), (b, b_type), (s, s_type), (t, t_type) = (
         got[c] for c in ("v", "a", "b", "s", "t"))

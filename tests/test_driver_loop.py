@@ -227,7 +227,8 @@ def test_start_timeout_names_missing_ranks_and_setting() -> None:
         _run(script, start_timeout=0.5)
     assert str(info.value) == (
         "1 of 2 ranks started; the others not within 0.5s of the last one (missing ranks: "
-        "1). Raise HorovodRunner(start_timeout=...) if workers are slow to start, or check "
+        "1). Raise HorovodRunner(job=JobConfig(start_timeout=...)) if workers are slow to start, "
+        "or check "
         "that the cluster has free slots"
     )
 
@@ -531,7 +532,8 @@ def test_an_executor_that_cannot_start_python_is_named_with_what_to_do() -> None
     assert summarize_spark_error(spark_says("/srv/venv/bin/python")) == (
         "an executor cannot start the Python interpreter /srv/venv/bin/python "
         "(PYSPARK_PYTHON when the session started): it does not exist on that node. Ship the "
-        "driver's environment to the executors (HorovodRunner(ship_environment=True), mlflow "
+        "driver's environment to the executors "
+        "(HorovodRunner(cluster=ClusterConfig(ship_environment=True)), mlflow "
         "run ... -P ship_environment=true, or spark.archives from python -m "
         "mlflow_hvd.cli.pack_env), or install the same environment at that path on every node")
     shipped = dataclasses.replace(current(with_packages=False), base_python="/opt/py/bin/py3")

@@ -284,7 +284,8 @@ def test_executors_unpack_a_shipped_environment_once_under_its_own_deadline() ->
     assert stuck.cancelled == [stuck.group]  # the stage is cancelled, not left running
     assert str(info.value).startswith(
         "the executors did not fetch, unpack and check the shipped environment within 0.2s "
-        "(environment_timeout): raise HorovodRunner(environment_timeout=...)")
+        "(environment_timeout): raise "
+        "HorovodRunner(cluster=ClusterConfig(environment_timeout=...))")
 
     no_base = _FakeContext(RuntimeError(
         'Job aborted due to stage failure: ...\njava.io.IOException: Cannot run program '

@@ -20,7 +20,7 @@ import workers
 from conftest import assert_no_workers_left
 from services import Program, wait_until
 
-from mlflow_hvd import HorovodRunner, WorkerFailedError
+from mlflow_hvd import HorovodRunner, JobConfig, TrackingConfig, WorkerFailedError
 
 TESTS = str(Path(__file__).parent)
 # beyond the configured deadlines: a rank's interpreter exit (1-1.6 s with MLflow loaded on
@@ -87,7 +87,8 @@ def test_a_signal_to_the_driver_ends_the_run_killed_and_leaves_no_files(
         (orphan,) = _scratch(tmpdir)
         assert orphan.startswith(f"mlflow-hvd-job-{proc.pid}-")
         monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
-        assert HorovodRunner(np=-1, track=False).run(workers.echo, x=1)["kwargs"] == {"x": 1}
+        assert HorovodRunner(np=-1, tracking=TrackingConfig(track=False)).run(workers.echo,
+            x=1)["kwargs"] == {"x": 1}
         assert _scratch(tmpdir) == []  # ...the next job on this host removes it
         return
     assert proc.returncode == 0, out
@@ -151,7 +152,8 @@ def test_tracking_server_down_for_10s_mid_run_loses_and_repeats_nothing(
     server = loopback_server
     mlflow.set_tracking_uri(server.url)
     client = mlflow.MlflowClient()
-    runner = HorovodRunner(np=-1, undelivered_dir=str(tmp_path / "undelivered"))
+    runner = HorovodRunner(np=-1,
+        tracking=TrackingConfig(undelivered_dir=str(tmp_path / "undelivered")))
     n = 250
     done: dict[str, object] = {}
 
@@ -205,8 +207,8 @@ def test_an_outage_longer_than_rank_0s_memory_spills_to_disk_and_loses_nothing(
     client = mlflow.MlflowClient()
     n = MEMORY_LIMIT + 2000
     down, spilled, back = (str(tmp_path / name) for name in ("down", "spilled", "back"))
-    runner = HorovodRunner(np=-1, tracking_timeout=120,
-                           undelivered_dir=str(tmp_path / "undelivered"))
+    runner = HorovodRunner(np=-1, tracking=TrackingConfig(tracking_timeout=120,
+        undelivered_dir=str(tmp_path / "undelivered")))
     done: dict[str, object] = {}
     thread = threading.Thread(target=lambda: done.update(value=runner.run(
         workers.burst_during_outage, n=n, down=down, spilled=spilled, back=back)))
@@ -247,7 +249,8 @@ def test_tracking_server_gone_at_the_end_bounds_run_and_saves_a_replayable_bundl
     mlflow.set_tracking_uri(url)
     saved = tmp_path / "undelivered"
     tracking_timeout = 3
-    runner = HorovodRunner(np=-1, tracking_timeout=tracking_timeout, undelivered_dir=str(saved))
+    runner = HorovodRunner(np=-1, tracking=TrackingConfig(tracking_timeout=tracking_timeout,
+        undelivered_dir=str(saved)))
     ended = tmp_path / "ended"
     with caplog.at_level(logging.WARNING):
         if fails:
@@ -332,7 +335,7 @@ def test_rank_sigkilled_mid_epoch_restarts_from_the_last_checkpoint(
     """kill -9 of rank 1 half-way through epoch 3 of 5, on the first attempt only."""
     import digits_keras
 
-    runner = HorovodRunner(np=-2, max_failures=max_failures)
+    runner = HorovodRunner(np=-2, job=JobConfig(max_failures=max_failures))
     if max_failures == 0:
         with pytest.raises(WorkerFailedError) as info:
             runner.run(digits_keras.train, epochs=5, kill_at_epoch=3, log_model=False)

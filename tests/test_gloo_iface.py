@@ -31,5 +31,6 @@ def test_no_interface_holding_the_route_source_is_a_configuration_error(
         iface_towards(address)
     assert str(info.value) == (
         f"no network interface holds {address}, the address that routes to the driver at "
-        f"{address}; pass HorovodRunner(gloo_iface=...) with the interface Gloo should use"
+        f"{address}; pass HorovodRunner(cluster=ClusterConfig(gloo_iface=...)) with the "
+        f"interface Gloo should use"
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from mlflow_hvd import ClusterConfig
 from mlflow_hvd.common.layout import Devices, assign_slots, visible_devices
 
 
@@ -43,7 +44,8 @@ def test_a_gpu_spark_let_two_tasks_share_is_the_only_one_each_sees() -> None:
 DRIVER = """
 import json, sys
 from pyspark.sql import SparkSession
-from mlflow_hvd import HorovodRunner, InsufficientSlotsError
+from mlflow_hvd import (ClusterConfig, HorovodRunner, InsufficientSlotsError, JobConfig,
+                        TrackingConfig)
 from mlflow_hvd.backends.spark import jvm
 import workers
 
@@ -57,12 +59,13 @@ spark = (SparkSession.builder.master("local-cluster[2,2,1024]")
          .config("spark.task.resource.acc.amount", "1")
          .getOrCreate())
 try:
-    HorovodRunner(np=3, spark=spark, track=False, slot_timeout=5,
-                  gpu_resource="acc").run(workers.gpu_view, out_dir=".")
+    HorovodRunner(np=3, spark=spark, job=JobConfig(slot_timeout=5),
+                  cluster=ClusterConfig(gpu_resource="acc"),
+                  tracking=TrackingConfig(track=False)).run(workers.gpu_view, out_dir=".")
 except InsufficientSlotsError as exc:
     print("REFUSED", exc)
-HorovodRunner(np=2, spark=spark, track=False, gpu_resource="acc").run(workers.gpu_view,
-                                                                      out_dir={out!r})
+HorovodRunner(np=2, spark=spark, cluster=ClusterConfig(gpu_resource="acc"),
+              tracking=TrackingConfig(track=False)).run(workers.gpu_view, out_dir={out!r})
 spark.stop()
 """
 
@@ -113,4 +116,4 @@ def test_a_resource_name_spark_could_not_have_is_refused(name: object) -> None:
 
     with pytest.raises(ConfigurationError, match=r"^gpu_resource must be the name of a Spark "
                        r"resource \(as in spark.task.resource.<name>.amount\), got "):
-        HorovodRunner(np=2, gpu_resource=name)  # type: ignore[arg-type]
+        HorovodRunner(np=2, cluster=ClusterConfig(gpu_resource=name))  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import workers
 
-from mlflow_hvd import HorovodRunner, WorkerFailedError
+from mlflow_hvd import HorovodRunner, JobConfig, TrackingConfig, WorkerFailedError
 from mlflow_hvd.rank.tracking import requirements
 from mlflow_hvd.rank.tracking.signature import declared_signature
 
@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.old_end
 def test_two_ranks_on_half_batches_match_one_rank_on_the_full_batch(warm_ranks: Any) -> None:
-    one = HorovodRunner(np=-1, track=False).run(workers.keras_numerics, steps=5)
+    one = HorovodRunner(np=-1, tracking=TrackingConfig(track=False)).run(workers.keras_numerics,
+        steps=5)
     two = warm_ranks.run(workers.keras_numerics, steps=5)
     assert two["type"] == "SGD"  # the wrapper keeps the optimizer's identity
     for w1, w2 in zip(one["weights"], two["weights"], strict=True):
@@ -29,7 +30,8 @@ def test_two_ranks_on_half_batches_match_one_rank_on_the_full_batch(warm_ranks: 
     # rank 1 started from other weights: the broadcast made every rank identical
     assert len(set(two["checksums"])) == 1
     # and training moved the weights: the comparison is not between untouched models
-    untouched = HorovodRunner(np=-1, track=False).run(workers.keras_numerics, steps=0)
+    untouched = HorovodRunner(np=-1,
+        tracking=TrackingConfig(track=False)).run(workers.keras_numerics, steps=0)
     assert not np.allclose(np.array(untouched["weights"][0]), np.array(one["weights"][0]))
 
 
@@ -131,7 +133,7 @@ def test_a_logged_models_signature_is_what_the_model_declares() -> None:
 def test_resume_after_a_failure_continues_from_the_last_checkpoint(
     store: str, warm_ranks: Any
 ) -> None:
-    runner = HorovodRunner(np=-2, stop_grace=2)
+    runner = HorovodRunner(np=-2, job=JobConfig(stop_grace=2))
     with pytest.raises(WorkerFailedError) as info:
         runner.run(digits_keras.train, epochs=4, fail_at_epoch=2, log_model=False)
     assert info.value.root_cause.error == (

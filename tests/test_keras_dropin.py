@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import workers
 
-from mlflow_hvd import HorovodRunner, WorkerFailedError
+from mlflow_hvd import HorovodRunner, TrackingConfig, WorkerFailedError
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "databricks_keras.py"
 
@@ -45,7 +45,8 @@ def test_horovods_own_keras_layer_fails_at_once_under_keras_3(tmp_path: Path) ->
     spec.loader.exec_module(module)  # the driver may import it; ranks refuse it
     try:
         with pytest.raises(WorkerFailedError) as info:
-            HorovodRunner(np=-2, track=False).run(module.train_hvd, checkpoint_path="x")
+            HorovodRunner(np=-2, tracking=TrackingConfig(track=False)).run(module.train_hvd,
+                checkpoint_path="x")
     finally:
         del sys.modules["databricks_old"]
     import keras

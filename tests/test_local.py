@@ -12,7 +12,13 @@ import pytest
 import workers
 from conftest import assert_no_workers_left
 
-from mlflow_hvd import HorovodRunner, StartTimeoutError, WorkerFailedError
+from mlflow_hvd import (
+    HorovodRunner,
+    JobConfig,
+    StartTimeoutError,
+    TrackingConfig,
+    WorkerFailedError,
+)
 from mlflow_hvd.backends.local import LocalBackend
 from mlflow_hvd.driver import DriverSettings, Job, run_job
 from mlflow_hvd.errors import LIFECYCLE_HINT
@@ -39,7 +45,7 @@ def test_two_local_ranks_run_real_collectives(capsys: pytest.CaptureFixture[str]
 def test_np_minus_one_is_a_single_process_and_verbosity_all_streams_stdout(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    runner = HorovodRunner(np=-1, driver_log_verbosity="all", max_line_bytes=100)
+    runner = HorovodRunner(np=-1, driver_log_verbosity="all", job=JobConfig(max_line_bytes=100))
     assert runner.run(workers.long_line, nbytes=1000) == 1000
     out = capsys.readouterr().out
     assert f"[0]<stdout>: {'x' * 100} ...[line truncated: 900 more bytes]\n" in out
@@ -53,7 +59,7 @@ def test_ranks_leave_without_atexit_hooks_and_lose_no_output(
 ) -> None:
     """A rank ends with os._exit once its result is delivered (documented: atexit hooks of
     user code do not run); its buffered stdout is still flushed and shown."""
-    runner = HorovodRunner(np=-2, driver_log_verbosity="all", track=False)
+    runner = HorovodRunner(np=-2, driver_log_verbosity="all", tracking=TrackingConfig(track=False))
     hook = tmp_path / "atexit-ran"
     assert runner.run(workers.register_atexit, path=str(hook)) == "returned"
     out = capsys.readouterr().out
@@ -65,7 +71,7 @@ def test_ranks_leave_without_atexit_hooks_and_lose_no_output(
 @pytest.mark.old_end
 def test_exception_on_rank_1_is_the_root_cause_with_its_traceback() -> None:
     with pytest.raises(WorkerFailedError) as info:
-        HorovodRunner(np=-2, stop_grace=2).run(workers.raise_on_rank_1)
+        HorovodRunner(np=-2, job=JobConfig(stop_grace=2)).run(workers.raise_on_rank_1)
     exc = info.value
     tb = exc.root_cause.traceback
     assert tb.startswith("Traceback (most recent call last):\n")
@@ -83,7 +89,7 @@ def test_exception_on_rank_1_is_the_root_cause_with_its_traceback() -> None:
 
 def test_exit_code_3_on_rank_1_shows_its_last_output() -> None:
     with pytest.raises(WorkerFailedError) as info:
-        HorovodRunner(np=-2, stop_grace=2).run(workers.exit_3_on_rank_1)
+        HorovodRunner(np=-2, job=JobConfig(stop_grace=2)).run(workers.exit_3_on_rank_1)
     assert str(info.value) == (
         "Rank 1 on host localhost failed (exit code 3) [root cause]\n"
         "Last 1 lines of output of rank 1:\n"
@@ -96,7 +102,7 @@ def test_exit_code_3_on_rank_1_shows_its_last_output() -> None:
 
 def test_sigkill_on_rank_1_is_reported_as_a_signal() -> None:
     with pytest.raises(WorkerFailedError) as info:
-        HorovodRunner(np=-2, stop_grace=2).run(workers.sigkill_on_rank_1)
+        HorovodRunner(np=-2, job=JobConfig(stop_grace=2)).run(workers.sigkill_on_rank_1)
     assert str(info.value) == (
         "Rank 1 on host localhost failed (killed by signal SIGKILL) [root cause]\n"
         "Last 1 lines of output of rank 1:\n"
@@ -119,7 +125,8 @@ def test_ranks_that_never_start_hit_the_start_deadline(tmp_path: Path) -> None:
                 Job(b"", DriverSettings(start_timeout=3, stop_grace=1), "hang"))
     assert str(info.value) == (
         "0 of 2 ranks started within 3s (missing ranks: 0, 1). Raise "
-        "HorovodRunner(start_timeout=...) if workers are slow to start, or check that the "
+        "HorovodRunner(job=JobConfig(start_timeout=...)) if workers are slow to start, or check "
+        "that the "
         "cluster has free slots"
     )
     assert_no_workers_left()
@@ -135,7 +142,7 @@ def test_tracebacks_name_the_script_and_the_notebook_cell_with_their_lines(
     script.write_text(
         "import linecache, sys\n"
         "import __main__\n"
-        "from mlflow_hvd import HorovodRunner, WorkerFailedError\n"
+        "from mlflow_hvd import HorovodRunner, WorkerFailedError, TrackingConfig\n"
         f"CELL = {cell!r}\n"
         "SRC = 'def scale(x):\\n    return 10 / x\\n'\n"
         "linecache.cache[CELL] = (len(SRC), None, SRC.splitlines(True), CELL)\n"
@@ -145,7 +152,7 @@ def test_tracebacks_name_the_script_and_the_notebook_cell_with_their_lines(
         "    return scale(0)\n"
         "\n"
         "try:\n"
-        "    HorovodRunner(np=-1, track=False).run(train)\n"
+        "    HorovodRunner(np=-1, tracking=TrackingConfig(track=False)).run(train)\n"
         "except WorkerFailedError as exc:\n"
         "    print(exc.root_cause.traceback)\n"
     )
@@ -161,7 +168,8 @@ def test_the_lifecycle_log_follows_a_job_and_reaches_the_ranks(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO, logger="mlflow_hvd")
-    out = HorovodRunner(np=-2, track=False, driver_log_verbosity="all").run(
+    out = HorovodRunner(np=-2, driver_log_verbosity="all",
+        tracking=TrackingConfig(track=False)).run(
         workers.log_level_seen)
     assert out == "INFO"  # the driver's level reached rank 0's process
     said = [r.getMessage() for r in caplog.records if r.name.startswith("mlflow_hvd.driver")]
@@ -193,7 +201,8 @@ def test_a_bad_log_level_names_the_variable() -> None:
 def test_a_job_that_fails_every_attempt_lists_each_cause() -> None:
     from mlflow_hvd.errors import RetriesExhaustedError
 
-    runner = HorovodRunner(np=-2, track=False, max_failures=1, stop_grace=2)
+    runner = HorovodRunner(np=-2, job=JobConfig(max_failures=1, stop_grace=2),
+        tracking=TrackingConfig(track=False))
     with pytest.raises(RetriesExhaustedError) as info:
         runner.run(workers.raise_on_rank_1)
     failures = info.value.failures

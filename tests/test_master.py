@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mlflow_hvd import HorovodRunner
+from mlflow_hvd import ClusterConfig, HorovodRunner
 from mlflow_hvd.backends.spark.master import (
     MasterChoice,
     check_reachable,
@@ -92,7 +92,8 @@ def test_unreachable_master_fails_within_the_deadline_naming_it() -> None:
         f"variable) within 1s: 127.0.0.1:{port}: "
     )
     assert message.endswith(
-        "Start the master, fix the URL, or raise HorovodRunner(slot_timeout=...) if it is "
+        "Start the master, fix the URL, or raise HorovodRunner(job=JobConfig(slot_timeout=...)) "
+        "if it is "
         "still starting"
     )
 
@@ -113,12 +114,12 @@ def test_a_listening_master_passes_the_check() -> None:
 
 def test_bad_spark_master_options_are_refused_at_construction() -> None:
     with pytest.raises(ConfigurationError) as info:
-        HorovodRunner(np=2, spark_master=7077)  # type: ignore[arg-type]
+        HorovodRunner(np=2, cluster=ClusterConfig(spark_master=7077))  # type: ignore[arg-type]
     assert str(info.value) == (
         "spark_master must be a master URL such as 'spark://host:7077' (or None), got int"
     )
     with pytest.raises(ConfigurationError, match="is not host:port"):
-        HorovodRunner(np=2, spark_master="spark://host-without-port")
+        HorovodRunner(np=2, cluster=ClusterConfig(spark_master="spark://host-without-port"))
 
 
 @pytest.mark.spark

@@ -29,28 +29,28 @@ def test_option_validators_name_the_option() -> None:
 
 
 def test_data_compression_is_none_lz4_or_zstd() -> None:
-    from mlflow_hvd import HorovodRunner
+    from mlflow_hvd import ClusterConfig, HorovodRunner
 
-    assert HorovodRunner(np=-1, data_compression="lz4")._options.data_compression == "lz4"
+    runner = HorovodRunner(np=-1, cluster=ClusterConfig(data_compression="lz4"))
+    assert runner.cluster.data_compression == "lz4"
     with pytest.raises(ConfigurationError) as info:
-        HorovodRunner(np=-1, data_compression="gzip")
+        HorovodRunner(np=-1, cluster=ClusterConfig(data_compression="gzip"))
     assert str(info.value) == (
         "data_compression must be None (uncompressed: ranks memory-map their shards without "
         "copying), 'lz4' or 'zstd', got 'gzip'")
 
 
 def test_ship_environment_is_a_bool_or_an_existing_archive(tmp_path: Path) -> None:
-    from mlflow_hvd import HorovodRunner
+    from mlflow_hvd import ClusterConfig, HorovodRunner
 
     archive = tmp_path / "env.tar.gz"
     archive.write_bytes(b"")
-    assert HorovodRunner(np=-1)._options.ship_environment is False
-    assert HorovodRunner(np=-1, ship_environment=True)._options.ship_environment is True
-    assert HorovodRunner(np=-1, ship_environment=archive)._options.ship_environment == str(
-        archive)
+    assert HorovodRunner(np=-1).cluster.ship_environment is False
+    assert ClusterConfig(ship_environment=True).ship_environment is True
+    assert ClusterConfig(ship_environment=archive).ship_environment == str(archive)
     for bad in ("missing.tar.gz", str(tmp_path), 1):
         with pytest.raises(ConfigurationError) as info:
-            HorovodRunner(np=-1, ship_environment=bad)
+            HorovodRunner(np=-1, cluster=ClusterConfig(ship_environment=bad))
         assert str(info.value) == (
             "ship_environment must be True (pack this venv for the executors: python -m "
             "mlflow_hvd.cli.pack_env), False, or the path of an existing archive ending in "

@@ -16,7 +16,7 @@ import workers
 from conftest import assert_no_workers_left, worker_processes
 from services import wait_until
 
-from mlflow_hvd import HorovodRunner, WorkerFailedError
+from mlflow_hvd import HorovodRunner, JobConfig, TrackingConfig, WorkerFailedError
 from mlflow_hvd.errors import ConfigurationError
 
 
@@ -46,7 +46,7 @@ def test_local_pool_reuses_its_ranks_with_fresh_horovod_keras_and_run(store: str
 
 @pytest.mark.ranks
 def test_a_failed_job_replaces_the_ranks_and_the_pool_goes_on() -> None:
-    runner = HorovodRunner(np=-2, track=False, stop_grace=2)
+    runner = HorovodRunner(np=-2, job=JobConfig(stop_grace=2), tracking=TrackingConfig(track=False))
     with runner:
         before = runner.run(workers.pool_probe, k=1)
         with pytest.raises(WorkerFailedError) as info:
@@ -64,7 +64,7 @@ def test_a_rank_killed_while_idle_is_replaced_at_the_next_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="mlflow_hvd")
-    runner = HorovodRunner(np=-2, track=False, stop_grace=2)
+    runner = HorovodRunner(np=-2, job=JobConfig(stop_grace=2), tracking=TrackingConfig(track=False))
     with runner:
         before = runner.run(workers.pool_probe, k=1)
         # killed just before the next run: it had asked for the job, which is handed out
@@ -90,14 +90,14 @@ def test_a_rank_killed_while_idle_is_replaced_at_the_next_run(
 
 
 def test_nested_warm_blocks_are_refused() -> None:
-    runner = HorovodRunner(np=-1, track=False)
+    runner = HorovodRunner(np=-1, tracking=TrackingConfig(track=False))
     with runner, pytest.raises(ConfigurationError, match="already kept warm"):
         runner.__enter__()
 
 
 @pytest.mark.slow
 def test_spark_pool_keeps_one_barrier_stage_and_frees_its_slots_on_error(spark: Any) -> None:
-    runner = HorovodRunner(np=2, track=False, spark=spark)
+    runner = HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False))
     tracker = spark.sparkContext.statusTracker()
     with pytest.raises(KeyError), runner:
         first = runner.run(workers.pool_probe, k=0)
@@ -114,7 +114,8 @@ def test_warm_ranks_idle_past_the_limit_are_retired_and_replaced(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="mlflow_hvd")
-    runner = HorovodRunner(np=-2, track=False, idle_timeout=1)
+    runner = HorovodRunner(np=-2, job=JobConfig(idle_timeout=1),
+        tracking=TrackingConfig(track=False))
     with runner:
         first = runner.run(workers.echo, x=1)
         wait_until(lambda: worker_processes() == [], 30, "the idle ranks to be retired")
@@ -175,7 +176,7 @@ def test_a_rank_lost_after_taking_a_job_but_before_starting_it_reruns_the_job(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="mlflow_hvd")
-    runner = HorovodRunner(np=-2, track=False, stop_grace=2)
+    runner = HorovodRunner(np=-2, job=JobConfig(stop_grace=2), tracking=TrackingConfig(track=False))
     with runner:
         assert runner.run(workers.echo, x=1)["kwargs"] == {"x": 1}
         (rank_1,) = [p for p in worker_processes() if p.environ().get("HOROVOD_RANK") == "1"]

@@ -11,6 +11,7 @@ import pytest
 import workers
 from hyperopt import hp
 
+from mlflow_hvd import JobConfig
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.messages import EpochReport
 from mlflow_hvd.sweep import AshaRule, MedianRule, sweep
@@ -229,9 +230,8 @@ def test_asha_prunes_a_cold_trial_that_restarted_from_its_checkpoint(store: str)
     # seed 2 samples lr 0.26, 0.28, 0.43 (TPE's first trials are random); the first attempt
     # of the trial with lr > 0.4 fails at the start of its epoch 1
     result = sweep(workers.curve_trial, SPACE, max_evals=3, np=-1, seed=2, warm=False,
-                   prune=AshaRule(grace_epochs=2, eta=2),
-                   fixed_params={"fail_at_epoch": 1, "fail_above": 0.4},
-                   runner_options={"max_failures": 1})
+        prune=AshaRule(grace_epochs=2, eta=2), fixed_params={"fail_at_epoch": 1,
+            "fail_above": 0.4}, job=JobConfig(max_failures=1))
     client = mlflow.MlflowClient()
     children = _children(result.parent_run_id)
     assert result.failed_trials == 0

@@ -10,7 +10,14 @@ import pytest
 import workers
 from conftest import worker_processes
 
-from mlflow_hvd import BackendError, ConfigurationError, HorovodRunner
+from mlflow_hvd import (
+    BackendError,
+    ClusterConfig,
+    ConfigurationError,
+    HorovodRunner,
+    JobConfig,
+    TrackingConfig,
+)
 from mlflow_hvd.backends.spark.session import check_barrier_supported, expected_slots
 from mlflow_hvd.errors import SparkBarrierUnsupportedError
 
@@ -28,7 +35,7 @@ def test_np_must_be_a_plain_int(np: object) -> None:
 
 def test_signature_is_the_databricks_one_plus_keyword_only_extras() -> None:
     params = inspect.signature(HorovodRunner).parameters
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in params.values())
     assert params["np"].default is inspect.Parameter.empty
     assert params["driver_log_verbosity"].default == "log_callback_only"
     with pytest.raises(TypeError):
@@ -49,12 +56,12 @@ def test_bad_verbosity() -> None:
 @pytest.mark.parametrize("value", [0, -1, "10", True])
 def test_bad_durations(name: str, value: object) -> None:
     with pytest.raises(ConfigurationError, match=rf"{name} must be a positive number of seconds"):
-        HorovodRunner(np=-1, **{name: value})  # type: ignore[arg-type]
+        JobConfig(**{name: value})  # type: ignore[arg-type]
 
 
 def test_bad_max_line_bytes() -> None:
     with pytest.raises(ConfigurationError, match="max_line_bytes must be an integer >= 80, got 10"):
-        HorovodRunner(np=-1, max_line_bytes=10)
+        HorovodRunner(np=-1, job=JobConfig(max_line_bytes=10))
 
 
 def test_main_must_be_callable() -> None:
@@ -99,7 +106,7 @@ def _flexible(a: int, /, *, b: int, **rest: object) -> None:
 
 def test_positional_only_and_var_keyword_parameters_are_read_as_python_binds_them() -> None:
     with pytest.raises(ConfigurationError) as info:
-        HorovodRunner(np=-1, track=False).run(_flexible, a=1, b=2, c=3)
+        HorovodRunner(np=-1, tracking=TrackingConfig(track=False)).run(_flexible, a=1, b=2, c=3)
     assert str(info.value) == (
         "run(_flexible, ...): it takes no argument 'a'; it needs 'a': main(a, /, *, b, "
         "**rest). run(main, **kwargs) calls main(**kwargs) on every rank"
@@ -138,7 +145,8 @@ def test_a_spark_session_that_never_starts_fails_within_start_timeout(
     hung = threading.Event()  # a JVM that never comes up
     monkeypatch.setattr(session, "resolve_master", lambda np, master, timeout: (None, "local[2]"))
     monkeypatch.setattr(session, "new_session", lambda master, archive: hung.wait(60))
-    runner = HorovodRunner(np=2, track=False, start_timeout=0.5)
+    runner = HorovodRunner(np=2, job=JobConfig(start_timeout=0.5),
+        tracking=TrackingConfig(track=False))
     try:
         with pytest.raises(BackendError, match=(
             r"^the SparkSession on local\[2\] did not start within 0.5s \(start_timeout\): "
@@ -169,8 +177,9 @@ def test_a_session_shipping_an_environment_gets_the_unpacking_allowance_too(
     monkeypatch.setattr(session, "resolve_master",
                         lambda np, master, timeout: (None, "spark://m:7077"))
     monkeypatch.setattr(session, "new_session", unpacking)
-    runner = HorovodRunner(np=2, track=False, start_timeout=0.3, environment_timeout=0.4,
-                           ship_environment=str(archive))
+    runner = HorovodRunner(np=2, job=JobConfig(start_timeout=0.3),
+        cluster=ClusterConfig(environment_timeout=0.4,
+            ship_environment=str(archive)), tracking=TrackingConfig(track=False))
     try:
         with pytest.raises(BackendError, match=(
             r"^the SparkSession on spark://m:7077 did not start within 0.3s \(start_timeout\) "

@@ -18,7 +18,7 @@ import workers
 from conftest import assert_no_workers_left
 from services import stderr_tail
 
-from mlflow_hvd import HorovodRunner
+from mlflow_hvd import HorovodRunner, TrackingConfig
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -38,7 +38,8 @@ def test_128_local_ranks_start_and_every_line_arrives_in_order(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     n = 200  # 25,600 lines: output keeps the driver busy while ranks connect
-    result = HorovodRunner(np=-128, track=False, driver_log_verbosity="all").run(
+    result = HorovodRunner(np=-128, driver_log_verbosity="all",
+        tracking=TrackingConfig(track=False)).run(
         workers.count_lines, n=n)
     assert result == 0
     seen = _lines_by_rank(capsys.readouterr().out)
@@ -55,8 +56,10 @@ def test_a_spark_barrier_stage_of_64_ranks(tmp_path: Path) -> None:
         "import json, sys\n"
         f"sys.path.insert(0, {str(TESTS)!r})\n"
         "import workers\n"
-        "from mlflow_hvd import HorovodRunner\n"
-        "r = HorovodRunner(np=64, spark_master='local[64]', track=False,\n"
+        "from mlflow_hvd import HorovodRunner, TrackingConfig\n"
+        "from mlflow_hvd import ClusterConfig\n"
+        "r = HorovodRunner(np=64, cluster=ClusterConfig(spark_master='local[64]'),\n"
+        "                  tracking=TrackingConfig(track=False),\n"
         "                  driver_log_verbosity='all')\n"
         "out = r.run(workers.scale_rank, lines=5, ranks_per_host=8,\n"
         f"            rendezvous_dir={str(connected)!r}, rendezvous_timeout=120)\n"
@@ -81,7 +84,8 @@ def test_the_rendezvous_of_32_ranks_is_served_and_counted(
     import logging
 
     caplog.set_level(logging.INFO, logger="mlflow_hvd.driver.generation")
-    result = HorovodRunner(np=-32, track=False, driver_log_verbosity="all").run(
+    result = HorovodRunner(np=-32, driver_log_verbosity="all",
+        tracking=TrackingConfig(track=False)).run(
         workers.scale_rank, lines=3, rendezvous_dir=str(tmp_path), spread=1.0)
     assert result["rank"] == 0
     sent = [int(m[1]) for m in re.finditer(r"\]<stdout>: rendezvous requests (\d+)",
@@ -117,8 +121,9 @@ def test_a_low_open_file_limit_is_raised_for_a_large_job(tmp_path: Path) -> None
     and a StartTimeoutError blaming slow workers; the driver raises its soft limit."""
     proc = _under_limits(256, resource.getrlimit(resource.RLIMIT_NOFILE)[1], (
         "import resource, workers\n"
-        "from mlflow_hvd import HorovodRunner\n"
-        "print('RESULT', HorovodRunner(np=-100, track=False).run(workers.count_lines, n=2))\n"
+        "from mlflow_hvd import HorovodRunner, TrackingConfig\n"
+        "r = HorovodRunner(np=-100, tracking=TrackingConfig(track=False))\n"
+        "print('RESULT', r.run(workers.count_lines, n=2))\n"
         "print('SOFT', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
     ), tmp_path)
     assert proc.returncode == 0, stderr_tail(proc.stderr)

@@ -9,7 +9,7 @@ import workers
 from conftest import assert_no_workers_left, worker_processes
 from services import wait_until
 
-from mlflow_hvd import HorovodRunner, InsufficientSlotsError, WorkerFailedError
+from mlflow_hvd import HorovodRunner, InsufficientSlotsError, JobConfig, WorkerFailedError
 from mlflow_hvd.errors import LIFECYCLE_HINT
 
 pytestmark = pytest.mark.spark
@@ -57,7 +57,7 @@ def test_two_barrier_tasks_run_real_collectives(
 
 @pytest.mark.old_end
 def test_exception_on_rank_1_cancels_the_job_and_leaves_no_worker(spark: Any) -> None:
-    runner = HorovodRunner(np=2, spark=spark, stop_grace=2)
+    runner = HorovodRunner(np=2, spark=spark, job=JobConfig(stop_grace=2))
     with pytest.raises(WorkerFailedError) as info:
         runner.run(workers.raise_on_rank_1)
     exc = info.value
@@ -80,7 +80,7 @@ def test_no_rank_outlives_run_after_a_failure_on_spark(spark: Any) -> None:
     """A cancelled task can end before the worker it hosts: run() must wait for the worker.
     Repeated to catch the race."""
     for _ in range(3):  # plus the one of the test above
-        runner = HorovodRunner(np=2, spark=spark, stop_grace=2)
+        runner = HorovodRunner(np=2, spark=spark, job=JobConfig(stop_grace=2))
         with pytest.raises(WorkerFailedError):
             runner.run(workers.raise_on_rank_1)
         assert worker_processes() == []
@@ -94,7 +94,7 @@ def test_no_rank_outlives_run_after_a_failure_on_spark(spark: Any) -> None:
 
 def test_sigkill_on_rank_1_in_a_barrier_task(spark: Any) -> None:
     with pytest.raises(WorkerFailedError) as info:
-        HorovodRunner(np=2, spark=spark, stop_grace=2).run(workers.sigkill_on_rank_1)
+        HorovodRunner(np=2, spark=spark, job=JobConfig(stop_grace=2)).run(workers.sigkill_on_rank_1)
     assert str(info.value) == (
         f"Rank 1 on host {info.value.host} failed (killed by signal SIGKILL) [root cause]\n"
         "Last 1 lines of output of rank 1:\n"
@@ -107,7 +107,7 @@ def test_sigkill_on_rank_1_in_a_barrier_task(spark: Any) -> None:
 
 @pytest.mark.timeout(120)  # waiting out slot_timeout instead would fail here
 def test_np_larger_than_the_cluster_fails_at_once(spark: Any) -> None:
-    runner = HorovodRunner(np=3, spark=spark, slot_timeout=3600)
+    runner = HorovodRunner(np=3, spark=spark, job=JobConfig(slot_timeout=3600))
     with pytest.raises(InsufficientSlotsError) as info:
         runner.run(workers.echo)
     # refused before a Spark job was submitted
@@ -116,7 +116,7 @@ def test_np_larger_than_the_cluster_fails_at_once(spark: Any) -> None:
         "np=3 needs 3 concurrent barrier task slots but the Spark cluster (master "
         "local-cluster[2,1,1024]) offers 2 and can offer at most 2 (spark.executor.cores="
         "default, spark.task.cpus=1). Lower np, add executors or cores, or raise "
-        "HorovodRunner(slot_timeout=...) if executors are still starting"
+        "HorovodRunner(job=JobConfig(slot_timeout=...)) if executors are still starting"
     )
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
 
@@ -152,11 +152,11 @@ def test_a_session_whose_python_lacks_mlflow_hvd_is_said_in_words(tmp_path: Any)
                           cwd=tmp_path).returncode != 0, f"{base} has mlflow_hvd: pick another"
     code = (
         "from pyspark.sql import SparkSession\n"
-        "from mlflow_hvd import HorovodRunner\n"
+        "from mlflow_hvd import HorovodRunner, TrackingConfig\n"
         "spark = (SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false')"
         ".getOrCreate())\n"
         "try:\n"
-        "    HorovodRunner(np=1, spark=spark, track=False).run(int)\n"
+        "    HorovodRunner(np=1, spark=spark, tracking=TrackingConfig(track=False)).run(int)\n"
         "except Exception as exc:\n"
         "    print('ERROR', type(exc).__name__, exc)\n")
     # as a user's shell has it: no test's PYTHONPATH (it holds the checkout) or PYSPARK_*

@@ -10,6 +10,7 @@ import pytest
 import workers
 from hyperopt import hp
 
+from mlflow_hvd import JobConfig
 from mlflow_hvd.errors import ConfigurationError, MlflowHvdError, TrackingError
 from mlflow_hvd.sweep import space_from_json, sweep
 
@@ -33,7 +34,7 @@ def test_sweep_of_three_spark_trials(store: str, spark: Any) -> None:
 
     matplotlib.use("pdf")  # the caller's choice: the sweep's chart must not change it
     result = sweep(workers.quadratic_trial, SPACE, max_evals=3, np=2, seed=1,
-                   runner_options={"spark": spark})
+                   spark=spark)
     assert matplotlib.get_backend() == "pdf"
     client = mlflow.MlflowClient()
     parent = client.get_run(result.parent_run_id)
@@ -69,7 +70,7 @@ def test_failing_trial_is_a_failed_child_and_the_sweep_goes_on(
 ) -> None:
     marker = str(tmp_path / "failed-once")
     result = sweep(workers.quadratic_torch_trial, SPACE, max_evals=3, np=-2, seed=2,
-                   fixed_params={"fail_marker": marker}, runner_options={"stop_grace": 2})
+        fixed_params={"fail_marker": marker}, job=JobConfig(stop_grace=2))
     children = _children(result.parent_run_id)
     assert [c.info.status for c in children] == ["FAILED", "FINISHED", "FINISHED"]
     assert children[0].data.tags["mlflow_hvd.root_cause"] == (

@@ -50,11 +50,11 @@ space = {{"x": hp.uniform("x", 0.0, 1.0)}}
 out = {{}}
 try:
     sweep(workers.paced_trial, space, max_evals=2, np=2, parallelism=3,
-          runner_options={{"spark": spark}})
+          spark=spark)
 except ConfigurationError as exc:
     out["refused"] = str(exc)
 r = sweep(workers.paced_trial, space, max_evals=3, np=2, parallelism="auto", seed=1,
-          fixed_params={{"epochs": 3, "seconds": 1.0}}, runner_options={{"spark": spark}})
+          fixed_params={{"epochs": 3, "seconds": 1.0}}, spark=spark)
 out["parent"] = r.parent_run_id
 out["best"] = [r.best_run_id, r.best_loss]
 print("RESULT " + json.dumps(out))

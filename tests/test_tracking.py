@@ -17,7 +17,7 @@ import pytest
 import workers
 from services import wait_until
 
-from mlflow_hvd import HorovodRunner, WorkerFailedError, tracking
+from mlflow_hvd import HorovodRunner, JobConfig, TrackingConfig, WorkerFailedError, tracking
 from mlflow_hvd.driver.tracking.run import absolute_tracking_uri, driver_run
 from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.protocol.records import Metric
@@ -110,7 +110,7 @@ def test_active_run_is_used_and_left_open(store: str) -> None:
 
 
 def test_failure_marks_the_run_failed_with_rank_and_root_cause(store: str) -> None:
-    runner = HorovodRunner(np=-2, stop_grace=2)
+    runner = HorovodRunner(np=-2, job=JobConfig(stop_grace=2))
     with pytest.raises(WorkerFailedError):
         runner.run(workers.raise_on_rank_1)
     client = mlflow.MlflowClient()
@@ -171,7 +171,7 @@ def test_logging_through_a_real_mlflow_server(loopback_server: Any, tmp_path: Pa
 
 def test_system_metrics_are_logged_once_per_node(store: str) -> None:
     key = "system/localhost/cpu_utilization_percentage"
-    runner = HorovodRunner(np=-2, log_system_metrics=True)
+    runner = HorovodRunner(np=-2, tracking=TrackingConfig(log_system_metrics=True))
     seen = runner.run(workers.wait_for_metric_values, key=key, count=3)
     assert seen >= 3
     client = mlflow.MlflowClient()

@@ -55,7 +55,8 @@ def iface_towards(address: str) -> str:
             return name
     raise ConfigurationError(
         f"no network interface holds {source}, the address that routes to the driver at "
-        f"{address}; pass HorovodRunner(gloo_iface=...) with the interface Gloo should use"
+        f"{address}; pass HorovodRunner(cluster=ClusterConfig(gloo_iface=...)) with the "
+        f"interface Gloo should use"
     )
 
 

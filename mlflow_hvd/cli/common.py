@@ -9,8 +9,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from mlflow_hvd.common.config import ClusterConfig, JobConfig, check_ship_environment
 from mlflow_hvd.errors import ConfigurationError, Terminated
 
 DEFAULT_TRAIN = "examples/digits_keras.py:train"
@@ -128,6 +130,13 @@ def add_runner_options(p: argparse.ArgumentParser) -> None:
         "latest checkpoint (default 0)",
     )
     p.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="end a job (each sweep trial) that runs longer than this many seconds "
+        "(JobConfig.timeout; default 0: no limit)",
+    )
+    p.add_argument(
         "--ship-environment",
         default="auto",
         help="ship a Python environment to executors that lack it (spark.archives): "
@@ -137,14 +146,35 @@ def add_runner_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def runner_options(args: argparse.Namespace) -> dict[str, Any]:
-    """HorovodRunner keyword arguments from :func:`add_runner_options`' flags."""
-    return {"spark_master": args.spark_master, "max_failures": args.max_failures,
-            "ship_environment": ship_choice(args.ship_environment)}
+@dataclass(frozen=True)
+class RunnerGroups:
+    """HorovodRunner's option groups made from :func:`add_runner_options`' flags (the
+    groups the command line sets; the others keep their defaults)."""
+
+    job: JobConfig
+    cluster: ClusterConfig
+
+
+def runner_options(args: argparse.Namespace) -> RunnerGroups:
+    """The option groups from :func:`add_runner_options`' flags: ``--max-failures`` and
+    ``--timeout`` into :class:`JobConfig`, ``--spark-master`` and ``--ship-environment``
+    into :class:`ClusterConfig`.
+
+    Raises:
+        ConfigurationError: A flag's value out of its range, naming the option.
+    """
+    if args.timeout < 0:
+        raise ConfigurationError(
+            f"timeout must be a number of seconds (0: no limit), got {args.timeout:g}")
+    job = JobConfig(max_failures=args.max_failures, timeout=args.timeout or None)
+    cluster = ClusterConfig(spark_master=args.spark_master,
+                            ship_environment=ship_choice(args.ship_environment))
+    return RunnerGroups(job, cluster)
 
 
 def ship_choice(text: str) -> bool | str:
-    """``HorovodRunner(ship_environment=...)`` for ``--ship-environment``: ``auto`` ships
+    """``HorovodRunner(cluster=ClusterConfig(ship_environment=...))`` for ``--ship-environment``:
+    ``auto`` ships
     an environment MLflow's environment manager created (the executors of a cluster cannot
     have it: it was made on the driver for this run), and leaves a user's own environment
     to the nodes' image; ``true``/``false``; anything else is an archive's path (checked by
@@ -160,6 +190,4 @@ def ship_choice(text: str) -> bool | str:
         return mlflow_managed()
     if lowered in ("true", "false"):
         return lowered == "true"
-    from mlflow_hvd.driver.options import check_ship_environment
-
     return check_ship_environment(text)

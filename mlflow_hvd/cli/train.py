@@ -114,8 +114,8 @@ def read_frames(args: argparse.Namespace, train: Any) -> tuple[dict[str, Any], A
 
     options = runner_options(args)
     # the session the job will run on, shipping the environment as the runner would
-    boot = SessionBoot(max(args.np, 1), options["spark_master"], 30.0,
-                       options["ship_environment"] if args.np > 0 else False)
+    boot = SessionBoot(max(args.np, 1), options.cluster.spark_master, 30.0,
+                       options.cluster.ship_environment if args.np > 0 else False)
     spark = boot.session(timeout=120.0)
     source = args.data
     try:
@@ -154,11 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     frames: dict[str, Any] = {}
     options = runner_options(args)
+    spark = None
     if args.data != "digits":  # a DataFrame: each rank gets its own partition of it
-        frames, spark = read_frames(args, train)
-        if args.np > 0:
-            options["spark"] = spark
-    runner = HorovodRunner(np=args.np, **options)
+        frames, session = read_frames(args, train)
+        spark = session if args.np > 0 else None
+    runner = HorovodRunner(np=args.np, spark=spark, job=options.job, cluster=options.cluster)
     runner.prepare()  # Spark's JVM boots while MLflow is imported and the run set up
     uri = use_default_store()
     params = {

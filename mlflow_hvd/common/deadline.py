@@ -26,7 +26,7 @@ class Deadline:
 
     Attributes:
         seconds: The budget it was made from (``math.inf``: no limit, for a wait that the
-            user chose to leave open, e.g. ``HorovodRunner(timeout=None)``).
+            user chose to leave open, e.g. ``HorovodRunner(job=JobConfig(timeout=None))``).
         at: ``time.monotonic()`` value at which it passes.
     """
 

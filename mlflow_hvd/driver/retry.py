@@ -6,7 +6,8 @@ Two cases, one policy:
 * the job never ran: warm ranks died after taking it but before starting it (a rank killed
   while idle); it runs again on new ranks, once, without counting as a failed attempt;
 * it ran and failed (a rank raised, exited or was killed, or the backend failed): it is
-  restarted whole, up to ``HorovodRunner(max_failures=N)`` times, each a new attempt in the
+  restarted whole, up to ``HorovodRunner(job=JobConfig(max_failures=N))`` times, each a new attempt
+  in the
   same MLflow run.
 """
 
@@ -28,7 +29,8 @@ class Decision(enum.Enum):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """``max_failures`` restarts of a failed job (``HorovodRunner(max_failures=...)``)."""
+    """``max_failures`` restarts of a failed job "
+      "(``HorovodRunner(job=JobConfig(max_failures=...))``)."""
 
     max_failures: int = 0
 

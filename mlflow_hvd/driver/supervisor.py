@@ -333,13 +333,15 @@ def _check_running(
         return job.abort(backend, StartTimeoutError(
             f"{len(job.started)} of {np} ranks started{when}"
             f"(missing ranks: {', '.join(map(str, missing))}). Raise "
-            "HorovodRunner(start_timeout=...) if workers are slow to start, or check that the "
+            "HorovodRunner(job=JobConfig(start_timeout=...)) if workers are slow to start, or "
+            "check that the "
             "cluster has free slots"
         ))
     if settings.timeout is not None and elapsed > settings.timeout:
         return job.abort(backend, RunTimeoutError(
             f"the job did not finish within {settings.timeout:g}s ({len(job.exited)} of "
-            f"{np} ranks exited); raise HorovodRunner(timeout=...) or pass timeout=None for no "
+            f"{np} ranks exited); raise HorovodRunner(job=JobConfig(timeout=...)) or pass "
+            f"timeout=None for no "
             "limit"
         ))
     if job.fault:

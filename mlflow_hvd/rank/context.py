@@ -35,7 +35,7 @@ def connector() -> Callable[[], ChannelClient] | None:
 
 def attempt() -> int:
     """Which run of the job this is: 0 the first, k after k restarts
-    (``HorovodRunner(max_failures=...)``). 0 outside a worker."""
+    (``HorovodRunner(job=JobConfig(max_failures=...))``). 0 outside a worker."""
     return _attempt
 
 

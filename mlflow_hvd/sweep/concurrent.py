@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -62,18 +61,12 @@ def resolve_parallelism(parallelism: int | str, np: int, runner: HorovodRunner,
     """
     if parallelism == 1:
         return 1
+    found = runner.task_slots()
+    slots = found.count
+    fit = max(1, slots // abs(np))
     if np < 0:
-        fit = max(1, (os.cpu_count() or 1) // -np)
         chosen = fit if parallelism == "auto" else int(parallelism)
         return max(1, min(chosen, remaining))
-    from mlflow_hvd.backends.spark.session import expected_slots, task_slots, wait_for_slots
-
-    sc = runner._session().sparkContext
-    slots = expected_slots(str(sc.master), sc.getConf())
-    if slots is None:
-        wait_for_slots(sc, np, runner._options.slot_timeout)
-        slots = task_slots(sc)
-    fit = max(1, slots // np)
     if parallelism == "auto":
         log.info("sweep parallelism='auto': %d slots // np=%d -> %d trials at once",
                  slots, np, fit)
@@ -81,7 +74,7 @@ def resolve_parallelism(parallelism: int | str, np: int, runner: HorovodRunner,
     if int(parallelism) * np > slots:
         raise ConfigurationError(
             f"parallelism={parallelism} with np={np} needs {int(parallelism) * np} barrier "
-            f"task slots at once, but the Spark cluster (master {sc.master}) has {slots}: "
+            f"task slots at once, but {found.where} has {slots}: "
             f"at most {fit} trials of np={np} fit. Use parallelism={fit} or 'auto', or add "
             "executors or cores")
     return max(1, min(int(parallelism), remaining))
@@ -105,7 +98,7 @@ def run_slots(client: Any, parent_id: str, trials: Any, plan: Plan,
     with contextlib.ExitStack() as stack:
         slots = [runner]
         for _ in range(at_once - 1):  # the session is up: they share it
-            other = HorovodRunner(np=plan.np, **plan.runner_options)
+            other = plan.runner()
             slots.append(stack.enter_context(other) if plan.warm else other)
         run_concurrently(client, parent_id, trials, plan, slots, after_each)
 

@@ -16,7 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlflow_hvd.common.options import check_positive_int
+from mlflow_hvd.common import config
+from mlflow_hvd.common.config import ClusterConfig, JobConfig, TrackingConfig
+from mlflow_hvd.common.horovod_env import HorovodOptions
+from mlflow_hvd.common.options import check_np, check_positive_int
 from mlflow_hvd.driver.payload import check_call
 from mlflow_hvd.driver.signals import sigterm_interrupts
 from mlflow_hvd.driver.tracking.run import store_lock
@@ -80,18 +83,24 @@ def sweep(
     early_stop_rounds: int | None = None,
     parent_run_id: str | None = None,
     fixed_params: Mapping[str, Any] | None = None,
-    runner_options: Mapping[str, Any] | None = None,
     warm: bool = True,
     prune: str | Rule | None = None,
     grace_epochs: int = 1,
     mode: str | None = None,
     register_model: str | None = None,
     parallelism: int | str = 1,
+    spark: Any = None,
+    job: JobConfig | None = None,
+    cluster: ClusterConfig | None = None,
+    tracking: TrackingConfig | None = None,
+    horovod: HorovodOptions | None = None,
+    **misplaced: Any,
 ) -> SweepResult:
     """Optimise ``metric`` over ``space`` with TPE, one distributed trial at a time.
 
-    Each trial calls ``HorovodRunner(np=np, **runner_options).run(train_fn, **params,
-    **fixed_params)`` inside a child MLflow run; its result is the last value of ``metric``
+    Each trial calls ``HorovodRunner(np=np, spark=spark, job=job, cluster=cluster,
+    tracking=tracking, horovod=horovod).run(train_fn, **params, **fixed_params)`` inside a
+    child MLflow run; its result is the last value of ``metric``
     that rank 0 logged there (hyperopt's loss: that value, or minus it when maximising). A
     trial whose ranks fail becomes a FAILED child run and a ``STATUS_FAIL`` trial; the
     sweep goes on. Ctrl-C marks the trial and the parent KILLED.
@@ -138,45 +147,54 @@ def sweep(
             the store must have a Model Registry and the user may update this model
             (created when missing). A resumed sweep whose best trial already has a version
             leaves the alias where it is.
+        spark, job, cluster, tracking, horovod: What every trial's ``HorovodRunner`` is
+            made with (:class:`~mlflow_hvd.JobConfig`, :class:`~mlflow_hvd.ClusterConfig`,
+            :class:`~mlflow_hvd.TrackingConfig`, :class:`~mlflow_hvd.HorovodOptions`).
+            Any other keyword is refused naming the group it belongs to.
 
     Raises:
-        ConfigurationError: Bad space, max_evals, metric, mode, prune, np or
-            register_model, before any trial starts.
+        ConfigurationError: Bad space, max_evals, metric, mode, prune, np, option group
+            or register_model, before any trial starts.
         TrackingError: The parent run has saved trials that cannot be read; the registry
             cannot be used or refuses the user (before any trial); the best trial logged no
             model (after the sweep, which a resume then registers).
         MlflowHvdError: Every trial failed.
     """
 
-    plan = _validate(
-        train_fn,
-        space,
-        max_evals,
-        np,
-        metric,
-        seed,
-        early_stop_rounds,
-        fixed_params,
-        runner_options,
-        warm,
-        prune,
-        grace_epochs,
-        mode,
+    if misplaced:
+        raise ConfigurationError(config.misplaced(next(iter(misplaced)), "sweep"))
+    groups = Groups(
+        config.group_argument(job, JobConfig, "job"),
+        config.group_argument(cluster, ClusterConfig, "cluster"),
+        config.group_argument(tracking, TrackingConfig, "tracking"),
+        horovod,
     )
+    plan = _validate(train_fn, space, max_evals, np, metric, seed, early_stop_rounds,
+                     fixed_params, groups, spark, warm, prune, grace_epochs, mode)
+    runner = plan.runner()  # checks np and the options now, before anything starts
     model_name = None if register_model is None else check_name(register_model)
     at_once = check_parallelism(parallelism)
     with sigterm_interrupts():  # SIGTERM ends the sweep and its trials KILLED, like Ctrl-C
-        return _sweep(plan, parent_run_id, model_name, at_once)
+        return _sweep(plan, runner, parent_run_id, model_name, at_once)
 
 
-def _sweep(plan: Plan, parent_run_id: str | None, model_name: str | None = None,
-           parallelism: int | str = 1) -> SweepResult:
+@dataclass(frozen=True)
+class Groups:
+    """The runner's option groups as sweep() was given them (checked)."""
+
+    job: JobConfig
+    cluster: ClusterConfig
+    tracking: TrackingConfig
+    horovod: HorovodOptions | None
+
+
+def _sweep(plan: Plan, runner: HorovodRunner, parent_run_id: str | None,
+           model_name: str | None = None, parallelism: int | str = 1) -> SweepResult:
     import mlflow
 
     client = mlflow.MlflowClient()
     if model_name is not None:
         check_registry(client, model_name)  # refused before any run or rank starts
-    runner = HorovodRunner(np=plan.np, **plan.runner_options)
     runner.prepare()  # a new SparkSession boots while the parent run is set up
     with store_lock(mlflow.get_tracking_uri()):
         owned = mlflow.active_run() is None
@@ -226,7 +244,8 @@ def _validate(
     seed: int,
     early_stop_rounds: int | None,
     fixed_params: Mapping[str, Any] | None,
-    runner_options: Mapping[str, Any] | None,
+    groups: Groups,
+    spark: Any = None,
     warm: bool = True,
     prune: str | Rule | None = None,
     grace_epochs: int = 1,
@@ -240,7 +259,7 @@ def _validate(
     sign = -1.0 if direction(metric, mode) == "max" else 1.0
     rule = make_rule(prune, grace_epochs)
     validate_space(space, seed)
-    HorovodRunner(np=np, **dict(runner_options or {}))  # validates np and options now
+    check_np(np)
     # every trial calls train_fn(**sampled, **fixed): a name it does not take fails now
     check_call(train_fn, {**dict.fromkeys(space), **dict(fixed_params or {})})
     return Plan(
@@ -252,7 +271,11 @@ def _validate(
         seed,
         early_stop_rounds,
         dict(fixed_params or {}),
-        dict(runner_options or {}),
+        groups.job,
+        groups.cluster,
+        groups.tracking,
+        groups.horovod,
+        spark,
         bool(warm),
         rule,
         sign,

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mlflow_hvd.common.config import ClusterConfig, JobConfig, TrackingConfig
+from mlflow_hvd.common.horovod_env import HorovodOptions
 from mlflow_hvd.driver.feed import is_dataframe
 from mlflow_hvd.errors import MlflowHvdError
 from mlflow_hvd.runner import HorovodRunner, RunHooks
@@ -32,10 +34,19 @@ class Plan:
     seed: int
     early_stop_rounds: int | None
     fixed: dict[str, Any]
-    runner_options: dict[str, Any]
+    job: JobConfig
+    cluster: ClusterConfig
+    tracking: TrackingConfig
+    horovod: HorovodOptions | None = None
+    spark: Any = None  # the SparkSession given to sweep(), if any
     warm: bool = True
     rule: Rule | None = None
     sign: float = 1.0  # +1: the metric is minimised; -1: maximised (hyperopt's loss = -value)
+
+    def runner(self) -> HorovodRunner:
+        """A runner for this sweep's trials (the options are already checked)."""
+        return HorovodRunner(np=self.np, spark=self.spark, job=self.job, cluster=self.cluster,
+                             tracking=self.tracking, horovod=self.horovod)
 
 
 @dataclass
@@ -84,7 +95,7 @@ def run_trial(
         try:
             hooks = RunHooks(epoch_judge=judge, log_prefix=f"[trial {index}]",
                              dataset_runs=(parent.info.run_id,) if parent else ())
-            runner._run_with(hooks, plan.train_fn, {**values, **plan.fixed})
+            runner.run_with(hooks, plan.train_fn, **values, **plan.fixed)
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or the sweep stopping every trial
             mlflow.end_run("KILLED")
             raise

@@ -9,7 +9,8 @@ the user, this module does for MLflow:
 * :func:`save_checkpoint` - rank 0 saves the model's and the optimizer's ``state_dict`` as an
   MLflow artifact of the job's run, with the epoch's metrics in the same write as the
   latest-checkpoint tag (the layout of :mod:`mlflow_hvd.protocol.checkpoint_layout`);
-* :func:`restore_from_checkpoint` - after a failure (``HorovodRunner(max_failures=...)``),
+* :func:`restore_from_checkpoint` - after a failure
+(``HorovodRunner(job=JobConfig(max_failures=...))``),
   rank 0 loads the run's latest checkpoint and every rank learns the epoch to continue from;
   the usual broadcasts then give every rank rank 0's state;
 * :func:`log_model` - ``mlflow.pytorch.log_model`` of the trained module into the job's

@@ -26,7 +26,7 @@ class SessionBoot:
     Args:
         np: Number of ranks (an embedded ``local[max(np, cores)]`` master when nothing
             names one).
-        spark_master: ``HorovodRunner(spark_master=...)``.
+        spark_master: ``HorovodRunner(cluster=ClusterConfig(spark_master=...))``.
         probe_timeout: Seconds a standalone master gets to accept a connection.
     """
 

@@ -8,7 +8,8 @@ for ranks starting, and fail it on a slow disk or network with a misleading
 ``StartTimeoutError``. So before the first barrier stage on such a session the backend runs
 a plain stage of one task per slot: every executor unpacks the archive and checks it fits
 its host (each task answers its host and what it lacks), under its own deadline,
-``HorovodRunner(environment_timeout=...)``. Done once per application and archive.
+``HorovodRunner(cluster=ClusterConfig(environment_timeout=...))``. Done once per application and
+archive.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def _run_stage(sc: Any, shipped: EnvironmentFingerprint, slots: int,
         thread.join(30)
         raise BackendError(
             f"the executors did not fetch, unpack and check the shipped environment within "
-            f"{timeout:g}s (environment_timeout): raise HorovodRunner(environment_timeout="
-            "...) for a large archive or a slow network, or give the nodes the environment "
+            f"{timeout:g}s (environment_timeout): raise "
+            f"HorovodRunner(cluster=ClusterConfig(environment_timeout="
+            "...)) for a large archive or a slow network, or give the nodes the environment "
             "(an image) instead of shipping it")
     if "error" in done:
         raise BackendError(

@@ -51,7 +51,8 @@ def _interpreter_missing(program: str, shipped: EnvironmentFingerprint | None) -
     return (
         f"an executor cannot start the Python interpreter {program} (PYSPARK_PYTHON when the "
         "session started): it does not exist on that node. Ship the driver's environment "
-        "to the executors (HorovodRunner(ship_environment=True), mlflow run ... -P "
+        "to the executors (HorovodRunner(cluster=ClusterConfig(ship_environment=True)), mlflow "
+        "run ... -P "
         "ship_environment=true, or spark.archives from python -m mlflow_hvd.cli.pack_env), "
         "or install the same environment at that path on every node")
 
@@ -69,6 +70,7 @@ def _other_python() -> str:
         "spark.pyspark.python). Start the session with PYSPARK_PYTHON="
         f"{sys.executable} in the environment (os.environ['PYSPARK_PYTHON'] before "
         "SparkSession.builder...getOrCreate(), or activate that environment first); on a "
-        "cluster, ship the driver's environment (HorovodRunner(ship_environment=True) on a "
+        "cluster, ship the driver's environment "
+        "(HorovodRunner(cluster=ClusterConfig(ship_environment=True)) on a "
         "session it builds, or spark.archives from python -m mlflow_hvd.cli.pack_env) or "
         "install mlflow_hvd on every node")

@@ -120,5 +120,5 @@ def check_reachable(choice: MasterChoice, timeout: float) -> None:
     raise BackendError(
         f"cannot reach the Spark master {choice.master} (from {choice.source}) within "
         f"{timeout:g}s: {errors[-1]}. Start the master, fix the URL, or raise "
-        "HorovodRunner(slot_timeout=...) if it is still starting"
+        "HorovodRunner(job=JobConfig(slot_timeout=...)) if it is still starting"
     )

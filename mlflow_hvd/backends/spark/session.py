@@ -176,6 +176,24 @@ def wait_for_slots(sc: Any, np: int, timeout: float) -> int:
         time.sleep(0.25)
 
 
+def session_slots(session: Any, np: int, timeout: float) -> tuple[int, str]:
+    """The task slots a session's cluster offers at once, and its master: the master's own
+    size when it declares one, else the slots registered after waiting up to ``timeout``
+    for ``np`` of them. The one place a session is asked for its slots (HorovodRunner's
+    ``task_slots``, which the sweep's ``parallelism`` reads).
+
+    Raises:
+        InsufficientSlotsError: The master's size, or the slots after the wait, fall short
+            of ``np``.
+    """
+    sc = session.sparkContext
+    master = str(sc.master)
+    ceiling = expected_slots(master, sc.getConf())
+    if ceiling is not None and ceiling >= np:
+        return ceiling, master
+    return wait_for_slots(sc, np, timeout), master
+
+
 def _task_resources(conf: Any) -> dict[str, str]:
     """``spark.task.resource.<name>.amount`` settings: name -> amount."""
     found = {}
@@ -198,7 +216,8 @@ def _slots_message(sc: Any, np: int, slots: int, ceiling: int | None, timeout: f
         )
         + f" (spark.executor.cores={conf.get('spark.executor.cores', 'default')}, "
         f"spark.task.cpus={conf.get('spark.task.cpus', '1')}). Lower np, add executors or "
-        "cores, or raise HorovodRunner(slot_timeout=...) if executors are still starting"
+        "cores, or raise HorovodRunner(job=JobConfig(slot_timeout=...)) if executors are still "
+        "starting"
     )
     resources = _task_resources(conf)
     if resources:

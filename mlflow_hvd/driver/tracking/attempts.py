@@ -1,6 +1,7 @@
 """Driver side: each attempt of a restarted job, visible in its MLflow run.
 
-``HorovodRunner(max_failures=N)`` runs all attempts in one run. Each start logs metric
+``HorovodRunner(job=JobConfig(max_failures=N))`` runs all attempts in one run. Each start logs
+metric
 ``mlflow_hvd.attempt`` (value and step = the attempt, 0 first), each failure its error in
 full as ``attempts/attempt_<k>_error.txt``. Every call has a deadline and never replaces the
 job's own outcome: what an unreachable server did not take is saved in the run's

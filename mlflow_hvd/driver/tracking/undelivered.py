@@ -13,7 +13,8 @@ appended to the same bundle. :func:`replay` sends it in order once the server is
 removes it; sending a record twice is harmless, so a replay that fails half-way can be run
 again. From a shell: ``python -m mlflow_hvd.tracking.replay <bundle directory>``.
 
-The root is ``HorovodRunner(undelivered_dir=...)``, else ``MLFLOW_HVD_UNDELIVERED_DIR``,
+The root is ``HorovodRunner(tracking=TrackingConfig(undelivered_dir=...))``, else
+``MLFLOW_HVD_UNDELIVERED_DIR``,
 else ``$XDG_STATE_HOME/mlflow_hvd/undelivered`` (``~/.local/state/...``).
 """
 

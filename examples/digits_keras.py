@@ -198,6 +198,6 @@ def train(
                           "train_seconds": now - started,  # imports and data included
                           "fit_evaluate_seconds": now - fit_started}, step=epochs - 1)
     # (a trial a sweep pruned needs no model: MlflowCallback ended fit early on every rank)
-    if log_model and not tracking.was_pruned():  # rank 0 logs it, with its signature
-        tracking.log_model(model, name="model")
+    if log_model and not tracking.was_pruned():  # rank 0 logs it: signature, input example
+        tracking.log_model(model, name="model", input_example=x_test[:4])
     return {"test_loss": float(loss), "test_accuracy": float(accuracy), "epochs": epochs}

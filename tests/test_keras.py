@@ -68,6 +68,10 @@ def test_fit_logs_one_series_per_metric_checkpoints_and_a_loadable_model(
     assert inputs.shape == (-1, 8, 8, 1)
     (outputs,) = pyfunc.metadata.get_output_schema().inputs
     assert outputs.shape == (-1, 10)
+    # the input example is saved beside the declared signature (not used to infer it)
+    example = pyfunc.input_example
+    assert np.asarray(example).shape == (4, 8, 8, 1)
+    assert np.allclose(np.asarray(example), x_test[:4])
     accuracy = float((np.asarray(pyfunc.predict(x_test)).argmax(1) == y_test).mean())
     assert accuracy == pytest.approx(result["test_accuracy"], abs=1e-6)
     assert accuracy > 0.5  # ten classes: chance is 0.1

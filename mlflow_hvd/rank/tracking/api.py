@@ -190,8 +190,11 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     names the driver's program as its source (not the worker). Its pip requirements are
     the installed versions of TensorFlow, Keras, NumPy and cloudpickle (pass
     ``pip_requirements``, ``extra_pip_requirements`` or ``conda_env`` to choose). Its
-    signature is the model's declared tensors unless ``signature`` or ``input_example`` is
-    passed (:mod:`mlflow_hvd.rank.tracking.signature`; no prediction is run).
+    signature is the model's declared tensors unless ``signature`` is passed
+    (:mod:`mlflow_hvd.rank.tracking.signature`; nothing is predicted for it). Pass an
+    ``input_example`` (a few input rows, e.g. ``x_test[:4]``) as MLflow recommends: it is
+    saved beside the signature (the MLflow UI shows it, ``mlflow models serve`` documents
+    its requests with it), and MLflow checks it by running the model on it once.
 
     Returns:
         ``mlflow.models.model.ModelInfo`` on rank 0, None elsewhere.
@@ -207,8 +210,9 @@ def log_flavor_model(flavor: str, model: Any, name: str, packages: tuple[str, ..
     """Rank 0: ``<flavor>.log_model(model, name=name, run_id=<the job's run>, **kwargs)``
     after everything queued, linked to the latest step logged, its pip requirements the
     installed versions of ``packages`` (no inference subprocess) and, with
-    ``declared_signature``, the Keras model's declared tensors as its signature (no
-    prediction either). None on other ranks."""
+    ``declared_signature``, the Keras model's declared tensors as its signature (an
+    ``input_example`` is then saved beside it, not used to infer it). None on other
+    ranks."""
     logger = _require()
     if logger is None:
         return None
@@ -225,7 +229,7 @@ def log_flavor_model(flavor: str, model: Any, name: str, packages: tuple[str, ..
     from mlflow_hvd.rank.tracking import requirements  # reads package metadata: only here
 
     kwargs = requirements.with_known_requirements(kwargs, packages)
-    if declared_signature and "signature" not in kwargs and "input_example" not in kwargs:
+    if declared_signature and "signature" not in kwargs:
         from mlflow_hvd.rank.tracking.signature import declared_signature as signature
 
         kwargs["signature"] = signature(model)

@@ -100,7 +100,8 @@ class IncompatibleImportError(MlflowHvdError, ImportError):
 
 
 class TrackingError(MlflowHvdError):
-    """Logging to the driver's MLflow run failed."""
+    """Logging to the driver's MLflow run failed, or a rank asked MLflow for something only
+    rank 0 may read (the message says what to do instead)."""
 
 
 class RetriesExhaustedError(MlflowHvdError):

@@ -377,3 +377,46 @@ def test_rank_sigkilled_mid_epoch_restarts_from_the_last_checkpoint(
     step_losses = sorted(m.step for m in client.get_metric_history(run_id, "step_loss"))
     assert step_losses == list(range(10, step_losses[-1] + 1, 10)), step_losses
     assert step_losses[-1] >= 80  # 5 epochs of about 18 steps
+
+
+@pytest.mark.slow
+def test_a_model_logged_during_an_outage_fails_within_mlflows_retries_and_loses_nothing_else(
+    tmp_path: Path, loopback_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A logged model's id comes from the server: during an outage ``log_model`` on rank 0
+    raises TrackingError once MLflow's HTTP retries are over (bounded by its settings, here
+    no retry and 5 s per request); the job goes on and its queued metric is delivered."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    server = loopback_server
+    mlflow.set_tracking_uri(server.url)
+    runner = HorovodRunner(np=-1)
+    done: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: done.update(
+        value=runner.run(workers.log_model_in_an_outage, folder=str(tmp_path))))
+    try:
+        thread.start()
+        wait_until(lambda: (tmp_path / "ready").exists(), 120, "the job to start")
+        server.kill()
+        (tmp_path / "down").touch()
+        wait_until(lambda: (tmp_path / "tried").exists(), 120, "rank 0 to try log_model")
+        server.restart()
+    finally:
+        (tmp_path / "back").touch()
+        thread.join(timeout=180)
+    assert not thread.is_alive()
+    said, waited = done["value"]["said"], done["value"]["waited"]
+    assert said.startswith(
+        "logging a model (its id comes from the server) needs the tracking server at "
+        f"{server.url}, which does not answer: ")
+    assert said.endswith("The job's metrics, params, tags and artifacts are queued and "
+                         "delivered when it is back; this call's result is not")
+    assert waited < 30, waited
+    client = mlflow.MlflowClient(server.url)
+    run = client.get_run(str(runner.last_run_id))
+    assert run.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "during")] == [
+        (3, 1.0)]
+    assert client.search_logged_models(  # none half-made
+        experiment_ids=[run.info.experiment_id],
+        filter_string=f"source_run_id = '{run.info.run_id}'").to_list() == []

@@ -195,3 +195,40 @@ def test_mlflow_autolog_and_the_callback_log_each_epoch_once_into_the_jobs_run(
         "checkpoints/epoch_1/checkpoint.keras")
     assert len(mlflow.search_runs(search_all_experiments=True, output_format="list")) == 1
     assert runner.run(workers.autolog_state, enable=False, flavor="tensorflow") is False
+
+
+def _check_models_of_every_framework(run_id: str, seen: dict[str, Any],
+                                     frameworks: tuple[str, ...],
+                                     others: tuple[str, ...] = ()) -> None:
+    """What :func:`workers.frameworks_log_models` leaves in the job's run: one model per
+    ``log_model`` and autolog's, each logged once (by rank 0), each loadable, with its
+    input example."""
+    client = mlflow.MlflowClient()
+    assert seen["seen"] == [run_id, run_id]  # autolog's run was the job's, at every epoch
+    assert seen["run"] == run_id
+    models = client.search_logged_models(experiment_ids=["0"],
+                                         filter_string=f"source_run_id = '{run_id}'")
+    names = sorted(m.name for m in models)
+    # autolog's is "model"; ``others``: models the job logged besides these
+    assert names == sorted(["model", *(f"{f}_model" for f in frameworks), *others])
+    assert all(str(m.status) == "READY" for m in models)
+    for framework in frameworks:
+        model_id, model_run = seen[framework]
+        assert model_run == run_id
+        info = mlflow.models.get_model_info(f"models:/{model_id}")
+        assert info.saved_input_example_info is not None
+        out = mlflow.pyfunc.load_model(f"models:/{model_id}").predict(
+            np.ones((2, 4), dtype="float32"))
+        assert np.asarray(out).shape in ((2, 1), (2,))
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1]
+
+
+@pytest.mark.old_end
+def test_autolog_and_log_model_on_every_rank_log_each_model_once_into_the_jobs_run(
+    store: str, warm_ranks: Any
+) -> None:
+    """MLflow's docs' way on every rank: TensorFlow autolog (with its model) and
+    ``mlflow.tensorflow.log_model``; only rank 0's models exist, each returns a ModelInfo."""
+    seen = warm_ranks.run(workers.frameworks_log_models, epochs=2, torch=False)
+    _check_models_of_every_framework(warm_ranks.last_run_id, seen, ("keras",))
+    assert len(mlflow.search_runs(search_all_experiments=True, output_format="list")) == 1

@@ -13,12 +13,17 @@ from mlflow_hvd.protocol import records as rec
 EVERY_KIND = [
     rec.Metric("loss", 0.25, 1000, 3),
     rec.Metric("nan", float("nan"), 1001, 4),
+    rec.Metric("acc", 0.9, 1003, 5, model_id="m-1", dataset_name="digits",
+               dataset_digest="abc"),
     rec.Param("lr", "0.1"),
     rec.Tag("phase", "train"),
     rec.Artifact("files/0/model.keras", "checkpoints/epoch_1"),
     rec.Artifact("error.txt", ""),
     rec.Commit((rec.Metric("val_loss", 0.5, 1002, 1),),
                (rec.Tag("mlflow.latest_checkpoint_artifact", "checkpoints/epoch_1/c.keras"),)),
+    rec.Inputs((rec.Dataset("digits", "abc", "spark", '{"path": "/d"}', '{"s": 1}', None,
+                            (("mlflow.data.context", "train"),)),), ("m-0",)),
+    rec.Outputs((("m-1", 3),)),
     rec.Status("FINISHED"),
 ]
 
@@ -26,9 +31,11 @@ EVERY_KIND = [
 def test_every_kind_of_record_survives_the_codec() -> None:
     back = [rec.decode(rec.encode(r)) for r in EVERY_KIND]
     assert repr(back) == repr(EVERY_KIND)  # repr: nan != nan, but prints the same
-    assert rec.count(back) == {"metric": 3, "param": 1, "tag": 2, "artifact": 2, "status": 1}
+    assert rec.count(back) == {"metric": 4, "param": 1, "tag": 2, "artifact": 2, "inputs": 1,
+                               "outputs": 1, "status": 1}
     assert rec.describe(rec.count(back)) == (
-        "3 metric values, 1 param, 2 tags, 2 artifact files and 1 run status")
+        "4 metric values, 1 param, 2 tags, 2 artifact files, 1 input record, 1 output record "
+        "and 1 run status")
 
 
 def test_lines_that_are_not_records_are_refused_quoting_them() -> None:
@@ -43,10 +50,11 @@ def test_a_file_of_another_format_version_is_refused_by_name(tmp_path: Path) -> 
     assert rec.check_header(rec.header(), "f") is True
     assert rec.check_header(rec.encode(rec.Param("a", "b")), "f") is False  # no header: v1
     with pytest.raises(ValueError, match=(
-        r"^spill holds tracking records of format version 2; this mlflow_hvd reads version 1: "
-        r"replay it with the mlflow_hvd that wrote it$"
+        r"^spill holds tracking records of format version 3; this mlflow_hvd reads versions "
+        r"1, 2: replay it with the mlflow_hvd that wrote it$"
     )):
-        rec.check_header(json.dumps({"format": "mlflow_hvd.records", "version": 2}), "spill")
+        rec.check_header(json.dumps({"format": "mlflow_hvd.records", "version": 3}), "spill")
+    assert rec.check_header(json.dumps({"format": "mlflow_hvd.records", "version": 1}), "f")
     with pytest.raises(ValueError, match=r"^spill is not a file of mlflow_hvd tracking records$"):
         rec.check_header(json.dumps({"format": "other"}), "spill")
 

@@ -287,7 +287,7 @@ def test_an_outage_spills_past_the_memory_limit_and_delivers_in_order(
         "90 records spilled to disk, after the file's header",
     )
     assert json.loads(spill.read_text().splitlines()[0]) == {
-        "format": "mlflow_hvd.records", "version": 1}
+        "format": "mlflow_hvd.records", "version": 2}
     with pytest.raises(TrackingError, match="has been unreachable since"):
         logger.flush(timeout=1)
     server.down = False

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import gloo_rendezvous  # by value, like this module: ranks cannot import tests/
+from mlflow import log_metric, log_param  # MLflow's quickstart style (see quickstart)
 
 
 def _rank() -> int:
@@ -654,42 +655,127 @@ def gpu_view(out_dir: str) -> None:
         json.dump(view, f)
 
 
-def fluent_mlflow(n_steps: int = 3) -> dict[str, Any]:
-    """MLflow's own fluent API, as MLflow's docs write it, on every rank (no TensorFlow)."""
-    import mlflow
+def quickstart(steps: int = 3, key: str = "loss") -> None:
+    """MLflow's quickstart style: names bound with ``from mlflow import ...`` when this module
+    was imported, before the job (on a rank: when the payload is unpickled)."""
+    log_param("who", f"rank{_rank()}")
+    for s in range(steps):
+        log_metric(key, 1.0 / (s + 1), step=s)
 
-    rank = _rank()
-    active = mlflow.active_run()
+
+def mlflow_writes() -> dict[str, Any]:
+    """MLflow's own API as its docs write it: every kind of write into one run, a model
+    linked to a step, and what the calls return. Run the same way without HorovodRunner, it
+    is what a job's run is compared with."""
+    import mlflow
+    import numpy as np
+    import pandas as pd
+    from matplotlib.figure import Figure
+    from sklearn.linear_model import LinearRegression
+
+    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    x = np.arange(8, dtype="float64").reshape(4, 2)
+    y = x @ np.array([1.0, 2.0])
+    dataset = mlflow.data.from_numpy(x, targets=y, name="toy")
     with mlflow.start_run() as run:
         mlflow.log_param("alpha", 0.5)
         mlflow.log_params({"beta": 2})
-        for step in range(n_steps):
-            mlflow.log_metric("m", step * 10.0, step=step)
-        mlflow.log_metrics({"a": 1.0, "b": 2.0}, step=0)
+        for step in range(3):
+            mlflow.log_metric("m", step * 10.0, step=step, timestamp=1_000_000 + step)
+        mlflow.log_metrics({"a": 1.0, "b": 2.0}, step=0, timestamp=1_000_100)
         mlflow.set_tag("who", f"rank{rank}")
         mlflow.set_tags({"t": "1"})
-        mlflow.log_dict({"rank": rank}, "info/fluent.json")
-    mlflow.end_run()
-    after = mlflow.active_run()
-    return {"active": active.info.run_id if active else None, "run": run.info.run_id,
-            "after": after.info.run_id if after else None}
+        mlflow.log_input(dataset, context="training")
+        mlflow.log_metric("rmse", 0.5, step=1, timestamp=1_000_200, dataset=dataset)
+        mlflow.log_dict({"rank": rank}, "info/doc.json")
+        mlflow.log_text(f"rank {rank}", "info/note.txt")
+        mlflow.log_table(pd.DataFrame({"x": [1, 2]}), "tables/t.json")
+        mlflow.log_table(pd.DataFrame({"x": [3]}), "tables/t.json")  # appends: reads it back
+        mlflow.log_image(np.zeros((4, 4, 3), dtype="uint8"), "img/zeros.png")
+        fig = Figure()
+        fig.add_subplot().plot([0, 1], [1, 0])
+        mlflow.log_figure(fig, "img/fig.png")
+        info = mlflow.sklearn.log_model(LinearRegression().fit(x, y), name="linear", step=2,
+                                        input_example=x[:2], pip_requirements=["scikit-learn"])
+        mlflow.log_metric("fit", 0.9, step=2, timestamp=1_000_300, model_id=info.model_id)
+        inside = mlflow.active_run().info.run_id
+        seen = mlflow.MlflowClient().get_run(run.info.run_id)
+    return {"run": run.info.run_id, "inside": inside, "model_id": info.model_id,
+            "model_run": info.run_id, "seen_params": dict(seen.data.params),
+            "seen_status": seen.info.status}
 
 
-def fluent_refusals() -> list[str]:
-    """What a job may not do with MLflow's API on rank 0: other runs."""
+def mlflow_as_documented(other_run: str) -> dict[str, Any]:
+    """:func:`mlflow_writes` on every rank of a job, then what only a job's ranks do: user
+    code ending "its" run and logging on, ``MlflowClient`` with the run's id, and the
+    refusals (another run, a nested run)."""
     import mlflow
 
-    from mlflow_hvd import ConfigurationError
+    from mlflow_hvd import MlflowHvdError, tracking
 
+    before = mlflow.active_run()
+    out = mlflow_writes()
+    mlflow.end_run()  # user code ending the run: the driver's run stays open
+    mlflow.log_metric("after", 1.0)  # a new "run": the job's
+    client = mlflow.MlflowClient()
+    client.log_metric(out["run"], "client", 2.0, step=7)
+    if _rank() == 0:  # the server's view: still RUNNING, the driver ends it
+        tracking.flush()
+        server = mlflow.MlflowClient(tracking_uri=tracking.server_uri())
+        out["server_status"] = server.get_run(out["run"]).info.status
     refused = []
     for call in (lambda: mlflow.start_run(nested=True),
-                 lambda: mlflow.start_run(run_id="0" * 32),
-                 lambda: mlflow.log_metric("x", 1.0, run_id="0" * 32)):
+                 lambda: mlflow.log_metric("x", 1.0, run_id=other_run),
+                 lambda: client.set_tag(other_run, "x", "1")):
         try:
             call()
-        except ConfigurationError as exc:
-            refused.append(str(exc))
-    return refused
+        except MlflowHvdError as exc:  # rank 0 (returned): ConfigurationError
+            refused.append(f"{type(exc).__name__}: {str(exc).split(':')[0]}")
+    after = mlflow.active_run()
+    mlflow.end_run()
+    return {**out, "before": before, "after": after.info.run_id if after else None,
+            "refused": refused}
+
+
+def quickstart_then_documented(other_run: str) -> dict[str, Any]:
+    """Both of the above in one job (Spark ranks: one stage for both)."""
+    import mlflow
+
+    quickstart(key="quickstart_loss")  # "loss" is Keras' (spark_everything)
+    mlflow.end_run()  # the quickstart's bare calls started (resumed) the run
+    return mlflow_as_documented(other_run)
+
+
+def mlflow_reads(model_uri: str, out_dir: str) -> None:
+    """Reads that need the tracking server: rank 0 makes them, the others are told to get
+    the result from rank 0. Each rank writes what it got to ``out_dir``."""
+    import json
+
+    import mlflow
+    import numpy as np
+    from sklearn.linear_model import LinearRegression
+
+    from mlflow_hvd import TrackingError
+
+    out: dict[str, Any] = {"rank": _rank()}
+    with mlflow.start_run():
+        info = mlflow.sklearn.log_model(LinearRegression().fit(np.eye(2), [0.0, 1.0]),
+                                        name="fresh", pip_requirements=["scikit-learn"])
+    calls = {
+        "register": lambda: str(mlflow.register_model(info.model_uri, "from_rank_0").version),
+        "search_runs": lambda: len(mlflow.search_runs(experiment_ids=["0"],
+                                                      output_format="list")),
+        "registry": lambda: [m.name for m in mlflow.MlflowClient().search_registered_models()],
+        "load": lambda: mlflow.pyfunc.load_model(model_uri).predict(
+            np.ones((1, 2))).tolist(),
+    }
+    for name, call in calls.items():
+        try:
+            out[name] = call()
+        except TrackingError as exc:
+            out[name] = str(exc)
+    with open(os.path.join(out_dir, f"rank{_rank()}.json"), "w") as f:
+        json.dump(out, f)
 
 
 def autolog_state(enable: bool, flavor: str = "sklearn") -> bool:
@@ -718,11 +804,16 @@ def keras_autolog_with_callback(epochs: int = 2) -> str | None:
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse",
                   jit_compile=False)
     x = np.random.RandomState(hvd.rank()).rand(32, 4).astype("float32")
+    seen: list[str] = []
+
+    class Seen(keras.callbacks.Callback):  # autolog's run, while fit runs (it ends it after)
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            seen.append(mlflow.active_run().info.run_id)
+
     model.fit(x, x.sum(1, keepdims=True), epochs=epochs, batch_size=8, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                         hvd.callbacks.MetricAverageCallback(), hvd.MlflowCallback()])
-    active = mlflow.active_run()
-    return active.info.run_id if active else None
+                         hvd.callbacks.MetricAverageCallback(), hvd.MlflowCallback(), Seen()])
+    return seen[0] if len(set(seen)) == 1 else None
 
 
 def allreduce_many(n: int = 300) -> int:
@@ -933,3 +1024,86 @@ def first_rows(data: Any) -> dict[str, Any]:
 def where_my_shard_is(data: Any) -> tuple[str, bool]:
     """The path of this rank's shard file, and whether it is there (it is, while the job runs)."""
     return data._file.path, os.path.exists(data._file.path)
+
+
+def frameworks_log_models(epochs: int = 2, torch: bool = True) -> dict[str, Any]:
+    """On every rank: Keras fit under MLflow's TensorFlow autolog (which logs the model),
+    then each framework's ``log_model`` (TensorFlow/Keras, PyTorch) as MLflow's docs write
+    it, with an input example. Returns what MLflow returned here."""
+    import keras
+    import mlflow
+    import numpy as np
+
+    import mlflow_hvd.keras as hvd
+
+    hvd.init()
+    mlflow.tensorflow.autolog(log_datasets=False, silent=True)  # log_models: MLflow's default
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse",
+                  jit_compile=False)
+    x = np.random.RandomState(hvd.rank()).rand(32, 4).astype("float32")
+    seen: list[str] = []
+
+    class Seen(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            seen.append(mlflow.active_run().info.run_id)
+
+    model.fit(x, x.sum(1, keepdims=True), epochs=epochs, batch_size=8, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvd.callbacks.MetricAverageCallback(), Seen()])
+    mlflow.tensorflow.autolog(disable=True)
+    out: dict[str, Any] = {"seen": seen, "rank": hvd.rank()}
+    with mlflow.start_run() as run:
+        keras_info = mlflow.tensorflow.log_model(model, name="keras_model", input_example=x[:2])
+        out.update(run=run.info.run_id, keras=[keras_info.model_id, keras_info.run_id])
+        if torch:
+            import torch as th
+
+            net = th.nn.Linear(4, 1)
+            torch_info = mlflow.pytorch.log_model(net, name="torch_model",
+                                                  input_example=x[:2])
+            out["torch"] = [torch_info.model_id, torch_info.run_id]
+    return out
+
+
+def spark_everything(other_run: str, torch: bool = True) -> dict[str, Any]:
+    """One Spark job for every case: the quickstart, MLflow's documented calls, and the
+    frameworks' autolog and log_model."""
+    import mlflow
+
+    out = quickstart_then_documented(other_run)
+    mlflow.end_run()
+    out["frameworks"] = frameworks_log_models(epochs=2, torch=torch)
+    return out
+
+
+def log_model_in_an_outage(folder: str) -> dict[str, Any]:
+    """Rank 0 logs a metric and, once the test has stopped the tracking server, a model
+    with MLflow's own API: the model needs an id from the server. Files in ``folder`` pace
+    it: ``ready`` (written here), ``down`` and ``back`` (written by the test)."""
+    import mlflow
+    from sklearn.linear_model import LinearRegression
+
+    from mlflow_hvd import TrackingError
+
+    def wait_for(name: str) -> None:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(folder, name)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {name} from the test")
+            time.sleep(0.1)
+
+    Path(folder, "ready").touch()
+    wait_for("down")
+    mlflow.log_metric("during", 1.0, step=3)  # queued: kept through the outage
+    started = time.monotonic()
+    try:
+        mlflow.sklearn.log_model(LinearRegression().fit([[0.0], [1.0]], [0.0, 1.0]),
+                                 name="m", pip_requirements=["scikit-learn"])
+        said = "logged"
+    except TrackingError as exc:
+        said = str(exc)
+    waited = time.monotonic() - started
+    Path(folder, "tried").touch()
+    wait_for("back")
+    return {"said": said, "waited": waited}

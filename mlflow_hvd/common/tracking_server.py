@@ -115,10 +115,14 @@ def check_authorized(client: Any, run_id: str, who: str, uri: str,
         TrackingError: The server refused this client.
     """
     try:
-        client.get_run(run_id)
+        run = client.get_run(run_id)
         if tag is not None:
             client.set_tag(run_id, *tag)
-        client.list_artifacts(run_id)
+        # the run's repository itself, not MlflowClient's per-run cache of it (a rank's
+        # MLflow caches the job's own there, mlflow_hvd.rank.tracking.artifacts)
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        get_artifact_repository(run.info.artifact_uri, tracking_uri=uri).list_artifacts()
     except Exception as exc:
         refused = refusal(exc, who, uri)
         if refused is not None:

@@ -11,7 +11,7 @@ from mlflow_hvd.common import scratch
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.rank.context import attempt
 from mlflow_hvd.rank.tracking import api as tracking_api
-from mlflow_hvd.rank.tracking import checkpoints, fluent, pruning
+from mlflow_hvd.rank.tracking import checkpoints, job_env, pruning
 
 
 class MlflowCallback(keras.callbacks.Callback):
@@ -95,15 +95,14 @@ class MlflowCallback(keras.callbacks.Callback):
     def _log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         # with MLflow's autolog on, autolog logs the epoch's metrics (same keys, step =
         # epoch): logging them here too would put every value in the run twice
-        log_metrics = not fluent.autologging()
+        log_metrics = not job_env.autologging(("tensorflow", "keras"))
         if self.checkpoint:
             # metrics and the resume point in one write: a resume repeats and skips nothing
             checkpoints.save(self.model, epoch, self._global_step, metrics,
                              log_metrics=log_metrics)
         elif log_metrics:
             tracking_api.log_metrics(metrics, step=epoch)
-        if not log_metrics:  # autolog writes them, the sweep's pruning still hears them
-            pruning.observe(metrics, epoch)
+        # else autolog writes them, through the job's store, which tells the sweep's pruning
 
 
 def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> int:

@@ -68,6 +68,13 @@ class TrackingTarget:
     # The metric whose per-epoch values rank 0 reports to the driver as they are logged
     # (:class:`EpochReport`: a sweep that prunes trials); "" for a job without pruning
     prune_metric: str = ""
+    # The driver's Model Registry (``mlflow.get_registry_uri()``): rank 0's registry reads
+    registry_uri: str = ""
+    # The run as MLflow describes it, so every rank answers reads of it without the server
+    run_name: str = ""
+    user_id: str = ""
+    start_time: int = 0
+    artifact_uri: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,5 @@
 """Run a function on a module right after Python imports it, with the module's own loader
-(the import guards of :mod:`mlflow_hvd.rank.keras_guard` and
-:mod:`mlflow_hvd.rank.tracking.fluent` use it)."""
+(the import guard of :mod:`mlflow_hvd.rank.keras_guard` uses it)."""
 
 from __future__ import annotations
 

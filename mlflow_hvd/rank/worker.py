@@ -46,7 +46,7 @@ from mlflow_hvd.protocol.messages import (
 )
 from mlflow_hvd.rank import context, credentials, keras_guard, shard
 from mlflow_hvd.rank.tracking import api as tracking_api
-from mlflow_hvd.rank.tracking import fluent
+from mlflow_hvd.rank.tracking import job_env, plugin
 
 EXIT_USER_ERROR = 1
 EXIT_ORPHANED = 70
@@ -82,6 +82,9 @@ def main() -> int:
     _client = client
     context.install(client, rank)
     keras_guard.install()  # before the user's code can import Horovod's Keras layer
+    # MLflow's own API in the training function writes through mlflow_hvd's store: MLflow
+    # finds it by its entry points, which it reads when first imported
+    plugin.ensure_registered(os.path.dirname(boot.payload_path))
     with open(boot.payload_path, "rb") as f:
         payload_bytes = f.read()
     while True:
@@ -118,9 +121,9 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes,
                     os.path.join(os.path.dirname(boot.payload_path), "credentials"))
         local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
         tracking_api.configure(payload.tracking, rank, local_rank, host)
-        fluent.install(payload.tracking, rank)  # MLflow's own API into the job's run
         if rank == 0:
             _announce_shards(kwargs)
+        saved = job_env.enter(payload.tracking, rank) if payload.tracking else None
         try:
             value = main_fn(**kwargs)
         except SystemExit as exc:
@@ -128,7 +131,8 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes,
                 raise
             value = None
         finally:
-            fluent.uninstall()
+            if saved is not None:
+                job_env.leave(saved)
         if rank == 0:
             _log_horovod_files()
         _finish_tracking(client, strict=True)  # before reporting success: nothing is lost

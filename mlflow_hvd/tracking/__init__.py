@@ -31,6 +31,7 @@ from mlflow_hvd.rank.tracking.api import (
     log_params,
     max_logged_step,
     run_id,
+    server_uri,
     set_tag,
     set_tags,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "log_params",
     "max_logged_step",
     "run_id",
+    "server_uri",
     "set_tag",
     "set_tags",
     "should_prune",

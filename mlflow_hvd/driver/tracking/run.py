@@ -162,6 +162,11 @@ def driver_run(
         tracking_timeout=tracking_timeout,
         facts=facts,
         local_artifacts=make_local_artifact_dir(run.info.artifact_uri),
+        registry_uri=absolute_tracking_uri(mlflow.get_registry_uri()),
+        run_name=run.info.run_name or "",
+        user_id=run.info.user_id or "",
+        start_time=int(run.info.start_time or 0),
+        artifact_uri=run.info.artifact_uri or "",
     )
     ending = _Ending(client, target, owned, tracking_timeout,
                      undelivered_dir or undelivered.default_root())

@@ -67,6 +67,18 @@ def run_id() -> str | None:
     return target.run_id if target is not None else None
 
 
+def server_uri() -> str | None:
+    """The tracking server's URI (on every rank), or None when not tracking.
+
+    Inside a job, MLflow's own tracking URI names the job's store (``mlflow-hvd://<run
+    id>``), which answers reads of the job's run as this rank logged it. For the server's
+    own view on rank 0 (which holds the credentials), ask it directly:
+    ``mlflow.MlflowClient(tracking_uri=mlflow_hvd.tracking.server_uri())``.
+    """
+    target = SESSION.target
+    return target.tracking_uri if target is not None else None
+
+
 def tracking_target() -> TrackingTarget | None:
     """The driver's run as workers see it (on every rank), or None."""
     return SESSION.target
@@ -96,7 +108,7 @@ def log_params(params: Mapping[str, Any], keep_existing: bool = False) -> None:
     for key, value in params.items():
         text = str(value)
         if logger.check_param(key, text, keep_existing):
-            logger.delivery.put(rec.Param(key, text))
+            logger.put(rec.Param(key, text))
 
 
 def log_metric(key: str, value: float, step: int | None = None) -> None:
@@ -113,7 +125,7 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     ts = int(time.time() * 1000)
     logger.last_step = max(logger.last_step, int(step or 0))
     for key, value in metrics.items():
-        logger.delivery.put(rec.Metric(key, value, ts, int(step or 0)))
+        logger.put(rec.Metric(key, value, ts, int(step or 0)))
     pruning.observe(metrics, step)  # a sweep that prunes: the driver hears the epoch's value
 
 
@@ -125,7 +137,7 @@ def log_batch_metrics(metrics: Mapping[str, float], step: int) -> None:
         return
     ts = int(time.time() * 1000)
     for key, value in metrics.items():
-        logger.delivery.put(rec.Metric(key, value, ts, int(step)))
+        logger.put(rec.Metric(key, value, ts, int(step)))
 
 
 def set_tag(key: str, value: Any) -> None:
@@ -139,7 +151,7 @@ def set_tags(tags: Mapping[str, Any]) -> None:
     if logger is None:
         return
     for key, value in tags.items():
-        logger.delivery.put(rec.Tag(key, str(value)))
+        logger.put(rec.Tag(key, str(value)))
 
 
 def log_artifact(local_path: str, artifact_path: str | None = None) -> None:
@@ -184,8 +196,9 @@ def scratch_file_dir(logger: RankLogger) -> str:
 def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     """Log a Keras model as an MLflow model (a LoggedModel linked to the run), rank 0 only.
 
-    Synchronous: waits (within the job's ``tracking_timeout``) for everything queued, then
-    uploads; against an unreachable server it raises after MLflow's HTTP retries. The model
+    Synchronous: the model's id comes from the tracking server and its files go straight to
+    the artifact store; against an unreachable server it raises :class:`TrackingError`
+    after MLflow's HTTP retries (the job's other records stay queued). The model
     is linked to the run's metrics at the latest step logged (``step=`` overrides) and
     names the driver's program as its source (not the worker). Its pip requirements are
     the installed versions of TensorFlow, Keras, NumPy and cloudpickle (pass
@@ -218,12 +231,8 @@ def log_flavor_model(flavor: str, model: Any, name: str, packages: tuple[str, ..
         return None
     import importlib
 
-    import mlflow
-
     log = importlib.import_module(flavor).log_model
     logger.check_artifacts()
-    logger.flush()  # the model is linked to the run's metrics as of now
-    mlflow.set_tracking_uri(logger.target.tracking_uri)
     kwargs.setdefault("step", logger.last_step)
     kwargs["tags"] = {**logger.source_tags, **(kwargs.get("tags") or {})}
     from mlflow_hvd.rank.tracking import requirements  # reads package metadata: only here
@@ -248,7 +257,7 @@ def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any]) -> 
         return
     ts = int(time.time() * 1000)
     logger.last_step = max(logger.last_step, int(step))
-    logger.delivery.put(rec.Commit(
+    logger.put(rec.Commit(
         tuple(rec.Metric(k, float(v), ts, int(step)) for k, v in metrics.items()),
         tuple(rec.Tag(k, str(v)) for k, v in tags.items()),
     ))

@@ -77,14 +77,16 @@ def latest(run_id: str, tracking_uri: str | None = None) -> CheckpointRef | None
 
 
 def download(ref: CheckpointRef, dst: str, tracking_uri: str | None = None) -> str:
-    """Download the checkpoint's model file into ``dst``; returns the local path."""
-    from mlflow import MlflowClient
+    """Download the checkpoint's model file into ``dst``; returns the local path.
 
-    return str(
-        MlflowClient(tracking_uri=tracking_uri).download_artifacts(
-            ref.run_id, ref.artifact_path, dst
-        )
-    )
+    From the run's artifact repository itself: in a rank, ``MlflowClient``'s per-run cache
+    of repositories holds the job's own (:mod:`.artifacts`)."""
+    from mlflow import MlflowClient
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    root = MlflowClient(tracking_uri=tracking_uri).get_run(ref.run_id).info.artifact_uri
+    repo = get_artifact_repository(root, tracking_uri=tracking_uri)
+    return str(repo.download_artifacts(ref.artifact_path, dst))
 
 
 def to_resume(run_id: str | None = None) -> tuple[CheckpointRef | None, str | None]:

@@ -59,6 +59,7 @@ class Sender:
         self._connect = connect
         self._channel: ChannelClient | None = None
         self._client: Any = None
+        self._artifacts: Any = None
         self._lock = threading.Lock()
 
     @property
@@ -72,11 +73,30 @@ class Sender:
                 self._client = MlflowClient(tracking_uri=self.target.tracking_uri)
             return self._client
 
+    @property
+    def artifacts(self) -> Any:
+        """The run's artifact repository, made from its artifact URI (not through
+        ``MlflowClient``, whose per-run cache in this process holds the job's own repository,
+        which queues files here: :mod:`.artifacts`)."""
+        client = self.client
+        with self._lock:
+            if self._artifacts is None:
+                from mlflow.store.artifact.artifact_repository_registry import (
+                    get_artifact_repository,
+                )
+
+                root = (self.target.artifact_uri
+                        or client.get_run(self.target.run_id).info.artifact_uri)
+                self._artifacts = get_artifact_repository(
+                    root, tracking_uri=self.target.tracking_uri)
+            return self._artifacts
+
     def __call__(self, batch: Sequence[Record]) -> None:
         if self.relayed and isinstance(batch[0], RELAYED):
             self._relay(batch)
         else:
-            rec.send(self.client, self.target.run_id, batch)
+            rec.send(self.client, self.target.run_id, batch,
+                     self.artifacts if isinstance(batch[0], rec.Artifact) else None)
 
     def _relay(self, batch: Sequence[Record]) -> None:
         request = TrackingWrite(self.target.run_id, tuple(batch))

@@ -2,8 +2,10 @@
 explicit states, and rank 0's logger (the delivery thread, its spool, the params it knows).
 
 The worker entry point configures the session before the user's function and shuts it down
-after it, on every path (:func:`configure`, :func:`shutdown`); :mod:`.api` asks it for the
-logger. One job at a time runs in a process, so there is one session per process.
+after it, on every path (:func:`configure`, :func:`shutdown`); :mod:`.api` and MLflow's
+store for the job (:mod:`.store`) ask it for the logger and the job's run as this rank
+logged it (:class:`~.job_run.JobRun`, on every rank). One job at a time runs in a process,
+so there is one session per process.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from mlflow_hvd.protocol.credentials import ALL_VARS as CREDENTIAL_VARS
 from mlflow_hvd.protocol.messages import TrackingTarget, UndeliveredTracking
 from mlflow_hvd.rank import context
 from mlflow_hvd.rank.tracking.delivery import Delivery
+from mlflow_hvd.rank.tracking.job_run import JobRun
 from mlflow_hvd.rank.tracking.sender import Sender
 
 log = logging.getLogger(__name__)
@@ -59,8 +62,8 @@ class SessionState(enum.Enum):
 class RankLogger:
     """Rank 0's logging state: the delivery thread, its spool and the params it knows."""
 
-    def __init__(self, target: TrackingTarget, host: str) -> None:
-        self.target, self.host = target, host
+    def __init__(self, target: TrackingTarget, host: str, job_run: JobRun) -> None:
+        self.target, self.host, self.job_run = target, host, job_run
         # metric/param/tag batches go through the driver (no MLflow client on rank 0 for
         # them); the client is created only for artifacts, models and restarts
         self.sender = Sender(target, context.connector())
@@ -93,6 +96,11 @@ class RankLogger:
         """An ``MlflowClient`` for the run's store (imports MLflow on first use)."""
         return self.sender.client
 
+    def put(self, record: rec.Record) -> None:
+        """Queue a record for delivery, and keep it in the job's run as this rank sees it."""
+        self.job_run.add((record,))
+        self.delivery.put(record)
+
     def put_artifact(self, path: str, artifact_dir: str) -> None:
         """Queue a staged file for upload from rank 0.
 
@@ -100,8 +108,8 @@ class RankLogger:
         it: MLflow's package imports itself in cycles that break when two threads import
         it at once (the training code may be importing ``mlflow.models`` right then)."""
         self.check_artifacts()
-        _ = self.sender.client
-        self.delivery.put(rec.Artifact(path, artifact_dir))
+        _ = self.sender.artifacts
+        self.put(rec.Artifact(path, artifact_dir))
 
     def check_artifacts(self) -> None:
         """Raise :class:`TrackingError` if the run's artifacts are on the driver's disk and
@@ -144,6 +152,8 @@ class Session:
         self._lock = threading.RLock()
         self.state = SessionState.OFF
         self.target: TrackingTarget | None = None  # every rank knows the run
+        self.job_run: JobRun | None = None  # the run as this rank logged it (every rank)
+        self._said = False  # a rank other than 0 said that its MLflow writes are dropped
         self.rank = 0
         self.host = ""
         self._logger: RankLogger | None = None
@@ -164,6 +174,8 @@ class Session:
             _check_authorized(target, host)
         with self._lock:
             self.target, self.rank, self.host, self._logger = target, rank, host, None
+            self.job_run = JobRun(target, rank) if target is not None else None
+            self._said = False
             self._move(SessionState.OFF if target is None else SessionState.READY)
             if target is not None and target.system_metrics and local_rank == 0:
                 if rank == 0 or not target.authenticated:
@@ -177,14 +189,25 @@ class Session:
         """The one gate: rank 0 of a job that tracks, before its shutdown."""
         return self.rank == 0 and self.state in (SessionState.READY, SessionState.LOGGING)
 
+    def drop(self, what: str) -> None:
+        """A rank other than 0 was asked to write ``what``: say once per job that its
+        writes go nowhere."""
+        if not self._said and self.target is not None:
+            self._said = True
+            sys.stderr.write(
+                f"mlflow_hvd: rank {self.rank}: MLflow calls on this rank write nothing (only "
+                f"rank 0 logs, into the job's run {self.target.run_id}); the first wrote "
+                f"{what}\n")
+
     def logger(self) -> RankLogger | None:
         """Rank 0's logger (made on first use: READY -> LOGGING), None elsewhere."""
         logger = self._logger
         if logger is not None or not self.is_logging_rank():  # per-step calls: no lock
             return logger if self.state is SessionState.LOGGING else None
         with self._lock:
-            if self.state is SessionState.READY and self.target is not None:
-                self._logger = RankLogger(self.target, self.host)
+            if (self.state is SessionState.READY and self.target is not None
+                    and self.job_run is not None):
+                self._logger = RankLogger(self.target, self.host, self.job_run)
                 self._move(SessionState.LOGGING)
             return self._logger
 

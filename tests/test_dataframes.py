@@ -69,11 +69,21 @@ def test_keras_fit_and_a_torch_loop_train_on_dataframe_shards(spark: Any) -> Non
     with HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)) as runner:
         fitted = runner.run(workers.keras_fit_on_shard, data=data, epochs=2, batch_size=64)
         looped = runner.run(workers.torch_loop_on_shard, data=data, epochs=2, batch_size=50)
+        census = runner.run(workers.torch_loader_census, data=data)
         generations = runner._pool.generations
     assert len(fitted["losses"]) == 2 and len(set(fitted["steps"])) == 1
     assert fitted["epochs_read"] == 2  # fit read one pass per epoch
     assert looped["batches"] == [2 * looped["len"]] * 2
     assert generations == 1  # the same DataFrame: fed once, to the same warm ranks
+    # DataLoader worker processes (0, 1, 2 of them) split each rank's pass: every row once
+    # per epoch, the pass's own order whatever the count, a new order each epoch
+    for count in ("0", "1", "2"):
+        epochs = [[rank[count]["epochs"][e] for rank in census] for e in range(2)]
+        for ranks in epochs:
+            assert all(len(ids) == len(set(ids)) == census[0][count]["len"] * 50 for ids in ranks)
+            assert not set(ranks[0]) & set(ranks[1])  # the ranks' shards are disjoint
+        assert epochs[0] != epochs[1]
+        assert epochs == [[rank["0"]["epochs"][e] for rank in census] for e in range(2)]
 
 
 def test_a_column_type_that_cannot_be_fed_is_refused_before_any_spark_job(spark: Any) -> None:

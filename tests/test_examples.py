@@ -1,4 +1,5 @@
-"""The examples beyond the main one: Parquet input and the custom TensorFlow loop."""
+"""The examples beyond the main one: Parquet input, images decoded in loader workers and
+the custom TensorFlow loop."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import digits_custom_loop
+import digits_images_torch
 import digits_keras
 import digits_to_parquet
 import mlflow
@@ -35,6 +37,24 @@ def test_the_keras_example_trains_from_a_dataframe_read_by_spark(
         run.data.tags["mlflow_hvd.data.val.total_rows"]) == rows
     assert [m.step for m in mlflow.MlflowClient().get_metric_history(
         run.info.run_id, "val_loss")] == [0, 1]
+    assert result["test_accuracy"] > 0.5
+
+
+def test_the_image_example_decodes_pngs_in_loader_workers_on_spark_ranks(
+    store: str, spark: Any
+) -> None:
+    """examples/digits_images_torch.py: a DataFrame of PNG bytes, decoded and augmented in
+    two DataLoader worker processes per rank (forkserver), on two Spark ranks."""
+    from mlflow_hvd import HorovodRunner
+
+    runner = HorovodRunner(np=2, spark=spark)
+    result = runner.run(digits_images_torch.train, data=digits_images_torch.images_frame(spark),
+                        epochs=3, log_model=False)
+    # every rank the same steps, each epoch its whole shard: len(loader) batches
+    assert result["batches_per_epoch"] == [[result["len"]] * 3] * 2
+    run = mlflow.MlflowClient().get_run(runner.last_run_id)
+    assert run.data.params["loader_workers"] == "2"
+    assert int(run.data.tags["mlflow_hvd.data.data.rows_per_rank"]) // 32 == result["len"]
     assert result["test_accuracy"] > 0.5
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -224,3 +225,70 @@ def test_a_job_not_fed_the_argument_is_refused(tmp_path: Path) -> None:
                                                  r"\['train'\]"):
         resolve({"train": ShardArg("train"), "lr": 0.1}, "")
     assert resolve({"lr": 0.1}, "") == {"lr": 0.1}
+
+
+def _epoch_ids(loader: Any) -> list[int]:
+    return [int(i) for x, _ in loader for i in x["id"]]
+
+
+@pytest.mark.parametrize("workers, context, persistent", [
+    (0, None, False), (1, None, False), (2, None, False), (2, "forkserver", True),
+    (2, "spawn", False)])
+def test_loader_workers_split_each_pass_and_every_epoch_is_shuffled_anew(
+        tmp_path: Path, workers: int, context: str | None, persistent: bool) -> None:
+    """Each row once per epoch, in the pass's own order, however many worker processes
+    (``forkserver``/``spawn``: the dataset pickles); each epoch its own shuffle, the same
+    for the same seed."""
+    shard = fed(tmp_path, [1000, 1000])[0]
+    options: dict[str, Any] = {"num_workers": workers}
+    if workers:
+        options.update(multiprocessing_context=context, persistent_workers=persistent)
+    loader = shard.torch_loader(50, features=["id", "x"], seed=7, **options)
+    assert len(loader) == 20
+    epochs = [_epoch_ids(loader) for _ in range(2)]
+    for epoch, seen in enumerate(epochs):
+        assert sorted(seen) == list(range(1000))  # every row once
+        assert seen == [int(i) for b in shard.batches(50, seed=7, epoch=epoch) for i in b["id"]]
+    assert epochs[0] != epochs[1]  # a new order every epoch
+
+
+def test_a_transform_runs_per_row_in_the_workers_and_a_failure_names_row_and_rank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOROVOD_RANK", "3")
+    shard = fed(tmp_path, [400])[0]
+    factor = 2  # a closure: the transform travels by value to the forkserver's workers
+    loader = shard.torch_loader(40, features=["id", "x"], shuffle=False, num_workers=2,
+                                multiprocessing_context="forkserver",
+                                transform=lambda row: {**row, "x": row["x"] * factor})
+    (x, _), *_ = list(loader)
+    assert x["x"].shape == (40, 3) and np.array_equal(x["x"][:, 0].numpy(),
+                                                      2 * x["id"].numpy().astype(np.float32))
+    failing = shard.torch_loader(40, features=["id", "x"], shuffle=False, transform=_fail_at_57)
+    with pytest.raises(ConfigurationError, match=(
+            r"^rank 3: transform _fail_at_57 failed on row 57 of epoch 0's pass over train= "
+            r"\(batch 1, row 17 in it\): ValueError: cannot decode 57$")):
+        list(failing)
+
+
+def _fail_at_57(row: dict[str, Any]) -> dict[str, Any]:
+    if int(row["id"]) == 57:
+        raise ValueError("cannot decode 57")
+    return row
+
+
+def test_a_tf_map_runs_per_row_in_tf_data_and_keeps_the_batches(tmp_path: Path) -> None:
+    shard = fed(tmp_path, [400])[0]
+
+    def double_x(x: Any, y: Any) -> Any:
+        return {**x, "x": x["x"] * 2.0}, y
+
+    ds = shard.tf_dataset(40, features=["id", "x"], shuffle=False, map=double_x)
+    assert int(ds.cardinality()) == 10
+    batches = list(ds)
+    assert len(batches) == 10
+    x, y = batches[1]
+    assert x["x"].shape == (40, 3) and y.shape == (40,)
+    assert np.array_equal(x["x"].numpy()[:, 0], 2 * x["id"].numpy().astype(np.float32))
+    assert [int(i) for b, _ in batches for i in b["id"]] == list(range(400))  # in order
+    with pytest.raises(ConfigurationError, match="map must be a function of one row"):
+        shard.tf_dataset(40, map="decode")

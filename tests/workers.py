@@ -1107,3 +1107,24 @@ def log_model_in_an_outage(folder: str) -> dict[str, Any]:
     Path(folder, "tried").touch()
     wait_for("back")
     return {"said": said, "waited": waited}
+
+
+def torch_loader_census(data: Any, counts: tuple[int, ...] = (0, 1, 2), epochs: int = 2,
+                        batch_size: int = 50) -> list[dict[str, Any]]:
+    """Each rank reads its shard through ``DataLoader`` worker processes (``forkserver``:
+    Horovod is initialised, forking is not safe), for each number of workers: the ids of
+    each epoch, in the order they came."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    seen: dict[str, Any] = {}
+    for count in counts:
+        options: dict[str, Any] = {"num_workers": count}
+        if count:
+            options["multiprocessing_context"] = "forkserver"
+        data.next_epoch = 0  # each count reads the same epochs, from 0
+        loader = data.torch_loader(batch_size, label="label", features=["id", "x"], seed=11,
+                                   **options)
+        seen[str(count)] = {"len": len(loader), "epochs": [
+            [int(i) for x, _ in loader for i in x["id"]] for _ in range(epochs)]}
+    return hvd.allgather_object(seen)

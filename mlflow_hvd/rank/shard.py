@@ -15,17 +15,18 @@ between epochs: shards are fixed for the job (as with every partition-local feed
 
 from __future__ import annotations
 
-import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.feed import ColumnKind, ShardArg, ShardFile, load_manifest
+from mlflow_hvd.rank.passes import Pass
 
 WINDOW_ROWS = 65536  # default rows shuffled together in memory
+_DATASET_OPTIONS = ("label", "features", "shuffle", "seed", "window", "transform")
 CROSSING_BYTES = 1 << 20  # about this much of a window per step from Python into tf.data
 
 
@@ -92,7 +93,7 @@ class Shard:
         return self._pass(batch_size, columns, shuffle, seed, epoch, window).batches()
 
     def _pass(self, batch_size: int, columns: Sequence[str] | None, shuffle: bool, seed: int,
-              epoch: int | None, window: int) -> _Pass:
+              epoch: int | None, window: int) -> Pass:
         steps = self.steps(batch_size)
         names = list(columns) if columns is not None else self.columns
         unknown = sorted(set(names) - set(self.columns))
@@ -102,19 +103,25 @@ class Shard:
         if epoch is None:
             epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
         rng = np.random.default_rng([seed, epoch]) if shuffle else None
-        return _Pass(self._file.path, self.rows, names, self._widths, batch_size, steps,
+        return Pass(self._file.path, self.rows, names, self._widths, batch_size, steps,
                      rng, max(window, batch_size) if shuffle else batch_size)
 
     # --- TensorFlow ----------------------------------------------------------------------
     def tf_dataset(self, batch_size: int, *, label: str | None = "label",
                    features: Sequence[str] | None = None, shuffle: bool = True,
-                   seed: int = 0, window: int = WINDOW_ROWS) -> Any:
+                   seed: int = 0, window: int = WINDOW_ROWS, map: Any = None) -> Any:
         """A ``tf.data.Dataset`` of ``(features, label)`` batches with known cardinality
         (``steps(batch_size)``): ``model.fit(ds, epochs=n)`` needs no ``steps_per_epoch``.
         Each iteration (each epoch of ``fit``) is a new pass, shuffled for its epoch.
 
         ``features``: one column gives its array, several a dict of arrays (named model
         inputs); default: every column but ``label``. ``label=None``: features only.
+
+        ``map``: a function of one row, ``(features, label)`` (or the features alone with
+        ``label=None``) as tensors, returning the row to train on, e.g. an encoded image
+        decoded with ``tf.io.decode_png`` and augmented. It runs as tf.data's parallel
+        ``map`` (``num_parallel_calls=AUTOTUNE``, in order) between the rows and the batches:
+        TensorFlow's threads, not Python's.
         """
         import tensorflow as tf
 
@@ -149,48 +156,59 @@ class Shard:
                     yield x if label is None else (x, part[label])
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
-        dataset = dataset.unbatch().apply(tf.data.experimental.assert_cardinality(steps))
+        dataset = dataset.unbatch()
+        if map is not None:
+            if not callable(map):
+                raise ConfigurationError(f"map must be a function of one row, got {map!r}")
+            dataset = dataset.unbatch().map(map, num_parallel_calls=tf.data.AUTOTUNE,
+                                            deterministic=True)
+            dataset = dataset.batch(batch_size, drop_remainder=True)
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps))
         return dataset.prefetch(2)
 
     # --- PyTorch -------------------------------------------------------------------------
     def torch_dataset(self, batch_size: int, *, label: str | None = "label",
                       features: Sequence[str] | None = None, shuffle: bool = True,
-                      seed: int = 0, window: int = WINDOW_ROWS) -> Any:
+                      seed: int = 0, window: int = WINDOW_ROWS,
+                      transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                      ) -> Any:
         """A ``torch.utils.data.IterableDataset`` of ``(features, label)`` tensor batches
         (``len()`` is ``steps(batch_size)``), each iteration a new pass shuffled for its
-        epoch; use it with ``DataLoader(ds, batch_size=None)`` (:meth:`torch_loader`).
-        Binary and string columns stay lists of ``bytes`` / ``str``."""
-        import torch
+        epoch (the first: :attr:`next_epoch`; ``set_epoch(n)`` numbers the next one). Use it
+        with ``DataLoader(ds, batch_size=None, num_workers=k)`` (:meth:`torch_loader`): the
+        ``k`` worker processes split each pass, every row once, in the pass's order
+        (:mod:`mlflow_hvd.rank.torch_data`); it pickles, for the ``forkserver`` and
+        ``spawn`` start methods. Binary and string columns stay lists of ``bytes`` /
+        ``str``.
+
+        ``transform``: a function of one row (a dict of column -> value) returning a dict
+        of column -> value (e.g. an encoded image decoded to an array, augmented), run where
+        the batch is made: in the loader's worker processes. Its results are stacked per
+        column. A row it fails on raises :class:`~mlflow_hvd.errors.DataInputError` naming
+        the rank, the row's position in the pass and the argument.
+        """
+        from mlflow_hvd.rank.torch_data import ShardDataset
 
         steps = self.steps(batch_size)
         names, label = self._split(label, features)
-        shard = self
-
-        def tensor(array: np.ndarray) -> Any:
-            return list(array) if array.dtype == object else torch.from_numpy(array)
-
-        class ShardDataset(torch.utils.data.IterableDataset):
-            def __len__(self) -> int:
-                return steps
-
-            def __iter__(self) -> Iterator[Any]:
-                read = [*names, *([label] if label else [])]
-                for batch in shard.batches(batch_size, columns=read, shuffle=shuffle,
-                                           seed=seed, window=window):
-                    x = tensor(batch[names[0]]) if len(names) == 1 else {
-                        n: tensor(batch[n]) for n in names}
-                    yield x if label is None else (x, tensor(batch[label]))
-
-        return ShardDataset()
+        if transform is not None and not callable(transform):
+            raise ConfigurationError(f"transform must be a function of one row, got "
+                                     f"{transform!r}")
+        return ShardDataset(self._file, batch_size, names, label, steps, shuffle, seed,
+                            window, self.next_epoch, transform,
+                            int(os.environ.get("HOROVOD_RANK", "0")))
 
     def torch_loader(self, batch_size: int, **options: Any) -> Any:
-        """``DataLoader(torch_dataset(batch_size, **options), batch_size=None)``: batches
-        are made by the shard, in this process, and handed on as they are (tensors
-        already: no per-batch conversion pass)."""
+        """``DataLoader(torch_dataset(batch_size, ...), batch_size=None, ...)``: the
+        options of :meth:`torch_dataset` go to the dataset, the others (``num_workers``,
+        ``persistent_workers``, ``prefetch_factor``, ``pin_memory``,
+        ``multiprocessing_context``, ...) to the ``DataLoader``. Batches are made by the
+        shard (in the workers, with ``num_workers``) and handed on as they are."""
         import torch
 
-        return torch.utils.data.DataLoader(self.torch_dataset(batch_size, **options),
-                                           batch_size=None, collate_fn=_as_is)
+        mine = {k: options.pop(k) for k in _DATASET_OPTIONS if k in options}
+        return torch.utils.data.DataLoader(self.torch_dataset(batch_size, **mine),
+                                           batch_size=None, collate_fn=_as_is, **options)
 
     def _split(self, label: str | None, features: Sequence[str] | None
                ) -> tuple[list[str], str | None]:
@@ -208,117 +226,9 @@ class Shard:
         return names, label
 
 
-class _Pass:
-    """One pass over a shard file (see :meth:`Shard.batches`)."""
-
-    def __init__(self, path: str, rows: int, names: list[str], widths: dict[str, int],
-                 batch_size: int, steps: int, rng: np.random.Generator | None,
-                 window: int) -> None:
-        self.path, self.rows, self.names, self.widths = path, rows, names, widths
-        self.batch_size, self.steps, self.rng, self.window = batch_size, steps, rng, window
-        self._buffers: dict[str, np.ndarray] = {}
-
-    def _target(self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        """The array a window's rows of ``name`` are put in: the same one for every window
-        of the pass (numeric columns), so consumers copy a group before asking for the next
-        (tf.data's ``from_generator`` does; :meth:`batches` copies each batch). A window's
-        megabytes allocated again and again made glibc raise its mmap threshold and the
-        heap grow with the number of windows of a pass (a rank's peak RSS +23% at 4x the
-        rows in tf.data; +9% with this)."""
-        if dtype.kind == "O":
-            return np.empty(shape, dtype)
-        buffer = self._buffers.get(name)
-        if buffer is None or len(buffer) < shape[0]:
-            buffer = self._buffers[name] = np.empty((shape[0] + self.batch_size, *shape[1:]),
-                                                    dtype)
-        return buffer[:shape[0]]
-
-    def batches(self) -> Iterator[dict[str, np.ndarray]]:
-        """The pass's batches, each its own arrays (a caller may keep them)."""
-        for group in self.groups():
-            for i in range(len(group[self.names[0]])):
-                yield {n: a[i].copy() for n, a in group.items()}
-
-    def groups(self) -> Iterator[dict[str, np.ndarray]]:
-        """The pass's batches a window at a time: arrays of ``(batches, batch_size, ...)``,
-        valid until the next group is asked for (see :meth:`_target`)."""
-        import pyarrow as pa
-
-        with open(self.path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        reader = pa.ipc.open_file(pa.py_buffer(mapped))
-        counts = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int) if counts else []
-        order = (self.rng.permutation(len(counts)) if self.rng is not None
-                 else np.arange(len(counts)))
-        pending: list[dict[str, np.ndarray]] = []
-        pending_rows = 0
-        for index in order:
-            keep = min(counts[index], self.rows - int(starts[index]))
-            if keep <= 0:
-                continue
-            pending.append(self._arrays(reader.get_batch(int(index)).slice(0, keep)))
-            pending_rows += keep
-            if pending_rows >= self.window:
-                yield from self._emit(pending, final=False)
-                pending_rows = len(next(iter(pending[0].values()))) if pending else 0
-                _release(mapped)
-        yield from self._emit(pending, final=True)
-        _release(mapped)
-
-    def _arrays(self, batch: Any) -> dict[str, np.ndarray]:
-        out = {}
-        for name in self.names:
-            column = batch.column(name)
-            width = self.widths.get(name)
-            if width is not None:
-                out[name] = column.flatten().to_numpy().reshape(-1, width)
-            else:
-                out[name] = column.to_numpy(zero_copy_only=False)
-        return out
-
-    def _emit(self, pending: list[dict[str, np.ndarray]], final: bool
-              ) -> Iterator[dict[str, np.ndarray]]:
-        """The full batches of the pending arrays (shuffled together), as one group; the
-        rows short of a batch stay pending (or, at the end of the pass, are left out)."""
-        if not pending:
-            return
-        total = sum(len(p[self.names[0]]) for p in pending)
-        places = self.rng.permutation(total) if self.rng is not None else None
-        merged = {}
-        for n in self.names:
-            first = pending[0][n]
-            if places is None and len(pending) == 1:  # in file order: the rows as mapped
-                merged[n] = first
-                continue
-            merged[n] = self._target(n, (total, *first.shape[1:]), first.dtype)
-            if places is None:
-                np.concatenate([p[n] for p in pending], out=merged[n])
-                continue
-            start = 0  # one copy: each row lands at its place in the permuted window
-            for p in pending:
-                merged[n][places[start:start + len(p[n])]] = p[n]
-                start += len(p[n])
-        total = len(merged[self.names[0]])
-        full = total - total % self.batch_size
-        if full:
-            yield {n: a[:full].reshape(-1, self.batch_size, *a.shape[1:])
-                   for n, a in merged.items()}
-        pending.clear()
-        if full < total and not final:
-            pending.append({n: a[full:].copy() for n, a in merged.items()})
-
-
 def _as_is(batch: Any) -> Any:
     """A DataLoader's ``collate_fn`` for batches that are tensors already."""
     return batch
-
-
-def _release(mapped: mmap.mmap) -> None:
-    """Hand the pages read so far back to the page cache: resident memory stays bounded
-    by the window, not the file (pages are read again from the cache if needed)."""
-    if hasattr(mmap, "MADV_DONTNEED") and len(mapped):
-        mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def resolve(kwargs: dict[str, Any], manifest_path: str) -> dict[str, Any]:

@@ -1,0 +1,171 @@
+"""Rank side, PyTorch: a shard as a ``torch.utils.data.IterableDataset`` that
+``DataLoader`` worker processes split between them (:class:`ShardDataset`).
+
+PyTorch copies an ``IterableDataset`` into each worker process, and each copy iterates on
+its own: a dataset that ignores this yields every row once per worker. Here each worker
+runs the same pass (the same shuffle: ``seed`` and the pass's epoch) and keeps every
+``k``-th batch, ``k`` the number of workers, starting at its worker id; the ``DataLoader``
+takes one batch from each worker in turn, so the batches come out in the pass's order and
+each row once. ``len()`` stays the pass's number of batches, the same on every rank.
+
+Which epoch a pass is: the copies in the workers count passes, not the dataset in the
+training process (which ``DataLoader`` never iterates when it has workers), and fresh
+workers start each epoch from a fresh copy. So the passes are numbered in a small file
+beside the shard, under a lock: the workers of one ``DataLoader`` iteration share its base
+seed and have started as many passes each, which identifies the iteration; the first to
+ask numbers it. That holds for forked, ``forkserver`` and ``spawn`` workers, with or
+without ``persistent_workers``, and without workers (the training process counts).
+
+Only what pickles travels (the shard file's description, the options and the transform,
+by value), so the dataset works with the ``forkserver`` and ``spawn`` start methods
+Horovod's examples use.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from mlflow_hvd.errors import DataInputError
+from mlflow_hvd.protocol.feed import ShardFile
+from mlflow_hvd.rank.passes import Pass
+
+Transform = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class ShardDataset(torch.utils.data.IterableDataset):
+    """One rank's shard as ``(features, label)`` batches (see the module docstring).
+
+    Made by :meth:`mlflow_hvd.data.Shard.torch_dataset`; use it with
+    ``DataLoader(ds, batch_size=None)`` and any ``num_workers``.
+    """
+
+    def __init__(self, file: ShardFile, batch_size: int, names: list[str], label: str | None,
+                 steps: int, shuffle: bool, seed: int, window: int, start_epoch: int,
+                 transform: Transform | None, rank: int) -> None:
+        super().__init__()
+        self.file, self.batch_size, self.names, self.label = file, batch_size, names, label
+        self.steps, self.shuffle, self.seed, self.window = steps, shuffle, seed, window
+        self.transform, self.rank = transform, rank
+        self.start_epoch = start_epoch
+        self._passes = 0  # passes this copy started
+        self._counter = f"{file.path}.passes-{uuid.uuid4().hex[:12]}"
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The transform travels by value (cloudpickle), so a lambda, a closure or a function
+        of code sent to the rank by value works in ``forkserver`` and ``spawn`` workers."""
+        import cloudpickle
+
+        state = dict(self.__dict__)
+        state["transform"] = cloudpickle.dumps(self.transform)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import cloudpickle
+
+        self.__dict__.update(state)
+        self.transform = cloudpickle.loads(state["transform"])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Number the next pass ``epoch`` (e.g. when resuming). Workers made after this
+        call see it; ``persistent_workers`` made before do not."""
+        self.start_epoch = epoch - self._epochs_so_far()
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        workers, me = (info.num_workers, info.id) if info is not None else (1, 0)
+        key = f"{info.seed - info.id if info is not None else 'main'}:{self._passes}"
+        self._passes += 1
+        epoch = self.start_epoch + self._number(key)
+        rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
+        read = [*self.names, *([self.label] if self.label else [])]
+        one_pass = Pass(self.file.path, self.file.rows, read, dict(self.file.widths),
+                         self.batch_size, self.steps, rng,
+                         max(self.window, self.batch_size) if self.shuffle else self.batch_size)
+        index = 0
+        for group in one_pass.groups():
+            for i in range(len(group[read[0]])):
+                if index % workers == me:
+                    batch = {n: a[i].copy() for n, a in group.items()}
+                    yield self._output(batch, index, epoch)
+                index += 1
+
+    # --- a batch ----------------------------------------------------------------------------
+    def _output(self, batch: dict[str, np.ndarray], index: int, epoch: int) -> Any:
+        if self.transform is not None:
+            batch = self._transformed(batch, index, epoch)
+        x = _tensor(batch[self.names[0]]) if len(self.names) == 1 else {
+            n: _tensor(batch[n]) for n in self.names}
+        return x if self.label is None else (x, _tensor(batch[self.label]))
+
+    def _transformed(self, batch: dict[str, np.ndarray], index: int,
+                     epoch: int) -> dict[str, np.ndarray]:
+        rows: list[dict[str, Any]] = []
+        keys = list(batch)
+        for i in range(self.batch_size):
+            row = {k: batch[k][i] for k in keys}
+            try:
+                out = self.transform(row)  # type: ignore[misc]
+            except Exception as exc:
+                raise DataInputError(
+                    f"rank {self.rank}: transform {_name(self.transform)} failed on row "
+                    f"{index * self.batch_size + i} of epoch {epoch}'s pass over "
+                    f"{self.file.argument}= (batch {index}, row {i} in it): "
+                    f"{type(exc).__name__}: {exc}") from exc
+            if not isinstance(out, dict):
+                raise DataInputError(
+                    f"rank {self.rank}: transform {_name(self.transform)} must return a dict of "
+                    f"the row's columns (as it was given one), got {type(out).__name__}")
+            rows.append(out)
+        return {k: _stack([r[k] for r in rows]) for k in rows[0]}
+
+    # --- pass numbers ---------------------------------------------------------------------
+    def _number(self, key: str) -> int:
+        """The number of the pass ``key`` names, agreed by every process iterating a copy
+        of this dataset: assigned in order of first appearance."""
+        with open(self._counter, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            text = f.read()
+            numbers: dict[str, int] = json.loads(text) if text else {}
+            if key not in numbers:
+                numbers[key] = len(numbers)
+                f.seek(0)
+                f.truncate()
+                f.write(json.dumps(numbers))
+                f.flush()
+            return numbers[key]
+
+    def _epochs_so_far(self) -> int:
+        if not os.path.exists(self._counter):
+            return 0
+        with open(self._counter) as f:
+            text = f.read()
+        return len(json.loads(text)) if text else 0
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def _stack(values: Sequence[Any]) -> np.ndarray:
+    if isinstance(values[0], bytes | str):
+        return np.array(values, dtype=object)
+    return np.stack([np.asarray(v) for v in values])
+
+
+def _tensor(array: np.ndarray) -> Any:
+    return list(array) if array.dtype == object else torch.from_numpy(np.ascontiguousarray(array))
+
+
+__all__ = ["ShardDataset", "Transform"]

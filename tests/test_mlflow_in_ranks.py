@@ -191,3 +191,18 @@ def test_autolog_a_job_enables_is_off_again_for_the_next_job_on_warm_ranks(store
     with HorovodRunner(np=-1) as runner:
         assert runner.run(workers.autolog_state, enable=True) is True
         assert runner.run(workers.autolog_state, enable=False) is False
+
+
+def test_a_training_function_that_points_mlflow_elsewhere_is_told_so(
+    store: str, capfd: pytest.CaptureFixture[str],
+) -> None:
+    uri = "http://127.0.0.1:9"  # set, never used
+    runner = HorovodRunner(np=-1, driver_log_verbosity="all")
+    assert runner.run(workers.set_own_tracking_uri, uri=uri) == uri
+    err = capfd.readouterr()
+    said = [ln for ln in (err.out + err.err).splitlines() if "set MLflow's tracking URI" in ln]
+    assert said == [
+        f"[0]<stderr>: mlflow_hvd: rank 0: the training function set MLflow's tracking URI to "
+        f"{uri}: its MLflow calls after that went there directly, from every rank, outside "
+        "the job's run. Leave the tracking URI as the job sets it (set it on the driver) to "
+        "log into the job's run from rank 0"]

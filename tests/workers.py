@@ -1128,3 +1128,11 @@ def torch_loader_census(data: Any, counts: tuple[int, ...] = (0, 1, 2), epochs: 
         seen[str(count)] = {"len": len(loader), "epochs": [
             [int(i) for x, _ in loader for i in x["id"]] for _ in range(epochs)]}
     return hvd.allgather_object(seen)
+
+
+def set_own_tracking_uri(uri: str) -> str:
+    """Training code that points MLflow elsewhere (as some notebooks do)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    return mlflow.get_tracking_uri()

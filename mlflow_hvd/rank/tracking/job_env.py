@@ -26,9 +26,11 @@ VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID",
 
 @dataclass(frozen=True)
 class Saved:
-    """The variables as they were before the job (None: unset)."""
+    """The variables as they were before the job (None: unset), and what the job set."""
 
     values: tuple[tuple[str, str | None], ...]
+    uri: str = ""
+    rank: int = 0
 
 
 def job_uri(run_id: str) -> str:
@@ -37,8 +39,8 @@ def job_uri(run_id: str) -> str:
 
 
 def enter(target: TrackingTarget, rank: int) -> Saved:
-    saved = Saved(tuple((k, os.environ.get(k)) for k in VARS))
     uri = job_uri(target.run_id)
+    saved = Saved(tuple((k, os.environ.get(k)) for k in VARS), uri, rank)
     registry = (target.registry_uri or target.tracking_uri) if rank == 0 else uri
     os.environ.pop("MLFLOW_EXPERIMENT_NAME", None)
     os.environ.update(MLFLOW_TRACKING_URI=uri, MLFLOW_RUN_ID=target.run_id,
@@ -55,6 +57,13 @@ def leave(saved: Saved) -> None:
     here is said on stderr."""
     mlflow = sys.modules.get("mlflow")
     if mlflow is not None:
+        current = mlflow.get_tracking_uri()
+        if saved.uri and current != saved.uri:
+            sys.stderr.write(
+                f"mlflow_hvd: rank {saved.rank}: the training function set MLflow's tracking "
+                f"URI to {current}: its MLflow calls after that went there directly, from "
+                "every rank, outside the job's run. Leave the tracking URI as the job sets it "
+                "(set it on the driver) to log into the job's run from rank 0\n")
         try:
             while mlflow.active_run() is not None:
                 mlflow.end_run()

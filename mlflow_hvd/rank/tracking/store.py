@@ -32,6 +32,7 @@ server: ``hvd.broadcast_object`` rank 0's ``ModelInfo`` if every rank needs the 
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -48,6 +49,7 @@ from mlflow_hvd.rank.tracking import pruning
 from mlflow_hvd.rank.tracking.job_run import JobRun, model_root
 from mlflow_hvd.rank.tracking.session import SESSION, RankLogger
 
+log = logging.getLogger(__name__)
 PARENT_TAG = "mlflow.parentRunId"
 _BY_NAME = re.compile(r"name\s*=\s*'([^']*)'")
 T = TypeVar("T")
@@ -241,8 +243,9 @@ class JobStore(AbstractStore):
                 try:
                     return self._server("reading the job's experiment",
                                         lambda c: c.get_experiment(experiment_id))
-                except TrackingError:  # an outage: what the job knows of it
-                    pass
+                except TrackingError as exc:  # an outage: what the job knows of it
+                    log.info("job's experiment %s answered without the server: %s",
+                             experiment_id, exc)
             from mlflow.entities import Experiment
 
             return Experiment(experiment_id, "", "", "active")

@@ -49,7 +49,8 @@ from typing import Any
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 PETASTORM_VENV = os.path.expanduser("~/.cache/mlflow_hvd/petastorm-venv")
 PETASTORM_PACKAGES = ["petastorm==0.12.1", "pyarrow==14.0.2", "numpy<2", "pandas<2.2",
-                      "tensorflow-cpu==2.18.1", "pyspark==4.3.0", "psutil", "torch==2.13.0"]
+                      "tensorflow-cpu==2.18.1", "pyspark==4.3.0", "psutil", "torch==2.13.0",
+                      "pillow", "scikit-learn"]  # the last two: image_loader.py's frame
 BATCH = 256
 PASSES = 3  # passes per measurement (a pass over 500k rows takes well under a second)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -201,14 +202,23 @@ def mlflow_hvd_round(spark: Any, rows: int) -> dict[str, Any]:
 
 
 def ensure_petastorm_venv() -> str:
+    """Petastorm's venv, made (or completed) with ``PETASTORM_PACKAGES``."""
     python = os.path.join(PETASTORM_VENV, "bin", "python")
-    if not os.path.exists(os.path.join(PETASTORM_VENV, ".complete")):
-        base = f"{os.path.expanduser('~/.pyenv/versions/3.11.7/bin/python')}"
-        subprocess.run([base if os.path.exists(base) else sys.executable, "-m", "venv",
-                        PETASTORM_VENV], check=True)
+    marker = os.path.join(PETASTORM_VENV, ".complete")
+    wanted = "\n".join(PETASTORM_PACKAGES)
+    done = None
+    if os.path.exists(marker):
+        with open(marker) as f:
+            done = f.read()
+    if done != wanted:
+        if not os.path.exists(python):
+            base = f"{os.path.expanduser('~/.pyenv/versions/3.11.7/bin/python')}"
+            subprocess.run([base if os.path.exists(base) else sys.executable, "-m", "venv",
+                            PETASTORM_VENV], check=True)
         subprocess.run([python, "-m", "pip", "install", "-q", *PETASTORM_PACKAGES,
                         "--find-links", "/opt/wheels"], check=True)
-        open(os.path.join(PETASTORM_VENV, ".complete"), "w").close()
+        with open(marker, "w") as f:
+            f.write(wanted)
     return python
 
 

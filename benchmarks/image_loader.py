@@ -1,38 +1,65 @@
-"""Decoding images in DataLoader worker processes: rows/s of a decode-bound pipeline with
-2 workers against the same pipeline with none, on one rank.
+"""Decoding images where the data is read: a decode-bound pipeline in DataLoader worker
+processes, against the same pipeline without workers, PyTorch's own DataLoader over the
+same rows in memory, and Petastorm's ``make_spark_converter`` + ``TransformSpec``.
 
 The DataFrame: scikit-learn's digits rendered as ``--size`` x ``--size`` grayscale PNGs with
 noise (so that decoding, not reading, dominates), repeated to ``--rows`` rows, built on a
-``local[2]`` session and passed to ``HorovodRunner(np=-1).run``: one rank, so the machine's
-second core is free for a second worker. In the rank, the shard's ``torch_loader`` runs
-the same transform in both arms (PNG decode with PIL, a random crop back to ``--size - 8``,
-a random flip, scale to float) and the loop only consumes the batches: the arms differ in
-``num_workers`` (0, or 2 with ``forkserver`` and ``persistent_workers``) and nothing else.
+``local[2]`` session. Every arm runs the same transform on every row (``decode_crop_flip``:
+PNG decode with PIL, a random ``--crop`` x ``--crop`` crop (default ``--size - 8``), a random
+flip, scale to float32) into batches of 64 ``(image, label)`` tensors that the loop only counts.
 
-Each round measures one epoch of each arm, in alternating order (AB, BA, ...), after one
-warm-up epoch per arm (worker start-up is printed apart). Prints min/median/max rows/s per
-arm and the ratio of the medians. Goal: 2 workers >= 1.6x no workers.
+1. **One rank, workers** (``HorovodRunner(np=-1)``: the machine's second core is free for a
+   second worker). Arms, in one rank process, each measured for one epoch per round, the
+   arms' order rotating every round, after a warm-up epoch each (worker start-up apart):
+
+   * ``shard.torch_loader(64, transform=...)`` with 0 and 2 workers (``forkserver``,
+     ``persistent_workers``);
+   * the PyTorch peer: the shard's rows in a list, a map-style ``Dataset`` whose
+     ``__getitem__`` runs the transform, ``DataLoader(batch_size=64, shuffle=True)`` with 0
+     and 2 workers, the same start method: what PyTorch itself does with these rows, so
+     its 2-workers / 0-workers ratio is the most this machine gives.
+
+2. **Two ranks against Petastorm** (``np=2``: each rank half the rows): ours with 0 and 2
+   workers per rank; Petastorm 0.12.1 in its own venv (as ``dataframe_feed.py`` builds it):
+   ``make_spark_converter(df)``, then two processes each
+   ``make_torch_dataloader(batch_size=64, cur_shard=r, shard_count=2,
+   transform_spec=TransformSpec(...))`` running the same transform row by row on its
+   pandas frames (its default pool: 4 threads), a new loader per epoch (its start timed).
+   Per epoch, both ranks starting together, the job's rows/s: both ranks' rows over the
+   slower rank's time (Petastorm shards by row group: its ranks' rows differ). Rank 0's
+   peak memory: the PSS of the rank's process and its workers, summed, above that before
+   the first epoch, sampled every 20 ms.
+
+Prints min/median/max per arm and ratios of medians.
 
     .venv/bin/python benchmarks/image_loader.py [--rows 20000] [--size 96] [--rounds 5]
+                                                [--no-petastorm]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
+import json
 import os
+import random
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any
 
 import numpy as np
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 BATCH = 64
+START = "forkserver"
 
 
 def frame(spark: Any, rows: int, size: int) -> Any:
+    """The benchmark's DataFrame (also built by the Petastorm arm, in its own venv)."""
     from PIL import Image
     from sklearn.datasets import load_digits
 
@@ -50,79 +77,240 @@ def frame(spark: Any, rows: int, size: int) -> Any:
     return spark.createDataFrame(data, "image binary, label int").repartition(2)
 
 
-def decode_crop_flip(row: dict[str, Any]) -> dict[str, Any]:
+def decode_crop_flip(row: dict[str, Any], crop: int) -> dict[str, Any]:
+    """The transform of every arm (with ``crop`` bound). Python's ``random``: PyTorch seeds
+    it in each worker."""
     from PIL import Image
 
     image = np.asarray(Image.open(io.BytesIO(row["image"])), dtype=np.float32) / 255.0
-    rng = np.random.default_rng()
-    y, x = rng.integers(0, 9, size=2)
-    crop = image[y:y + image.shape[0] - 8, x:x + image.shape[1] - 8]
-    if rng.random() < 0.5:
-        crop = crop[:, ::-1]
-    return {"image": np.ascontiguousarray(crop)[None], "label": row["label"]}
+    y = random.randrange(image.shape[0] - crop + 1)
+    x = random.randrange(image.shape[1] - crop + 1)
+    patch = image[y:y + crop, x:x + crop]
+    if random.random() < 0.5:
+        patch = patch[:, ::-1]
+    return {"image": np.ascontiguousarray(patch)[None], "label": row["label"]}
 
 
-def rank_rounds(data: Any, rounds: int) -> dict[str, Any]:
+class RowsDataset:
+    """The PyTorch peer: rows in memory, the transform in ``__getitem__`` (a map-style
+    dataset: ``DataLoader`` batches, shuffles and collates it)."""
+
+    def __init__(self, images: list[bytes], labels: list[int], crop: int) -> None:
+        self.images, self.labels, self.crop = images, labels, crop
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> Any:
+        out = decode_crop_flip({"image": self.images[i], "label": self.labels[i]}, self.crop)
+        return out["image"], out["label"]
+
+
+class TreeRss:
+    """Peak memory of this process and its children (DataLoader workers): their PSS
+    (shared pages counted once, split between the processes mapping them), summed, above
+    the sum at start; sampled every 20 ms."""
+
+    def __enter__(self) -> TreeRss:
+        import threading
+
+        import psutil
+
+        self._proc = psutil.Process()
+        self.base = self.peak = self._now()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _now(self) -> int:
+        import psutil
+
+        total = self._proc.memory_full_info().pss
+        for child in self._proc.children(recursive=True):
+            try:
+                total += child.memory_full_info().pss
+            except psutil.Error:
+                pass  # a worker that just exited holds no memory
+        return total
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._now())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mib(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def epoch_rows_s(loader: Any) -> float:
+    start, rows = time.perf_counter(), 0
+    for images, _ in loader:
+        rows += len(images)
+    return rows / (time.perf_counter() - start)
+
+
+def rotate(arms: list[Any], r: int) -> list[Any]:
+    """Round ``r``'s order of the arms: each arm in each position as often as the others."""
+    k = r % len(arms)
+    order = arms[k:] + arms[:k]
+    return order if r % 2 == 0 else order[::-1]
+
+
+def one_rank(data: Any, rounds: int, crop: int, here: str) -> dict[str, Any]:
     import torch
+
+    sys.path.insert(0, here)  # the peer's Dataset class must import in the workers
+    import image_loader as peer
 
     torch.set_num_threads(1)
 
-    def loader(workers: int) -> Any:
+    def ours(workers: int) -> Any:
         options: dict[str, Any] = {"num_workers": workers}
         if workers:
-            options.update(multiprocessing_context="forkserver", persistent_workers=True)
+            options.update(multiprocessing_context=START, persistent_workers=True)
         return data.torch_loader(BATCH, label="label", features=["image"],
-                                 transform=decode_crop_flip, **options)
+                                 transform=functools.partial(decode_crop_flip, crop=crop),
+                                 **options)
 
-    def epoch(loaded: Any) -> float:
-        start, rows = time.perf_counter(), 0
-        for images, _ in loaded:
-            rows += len(images)
-        return rows / (time.perf_counter() - start)
+    images, labels = [], []
+    for batch in data.batches(BATCH, shuffle=False):
+        images += list(batch["image"])
+        labels += [int(v) for v in batch["label"]]
+    rows = peer.RowsDataset(images, labels, crop)
 
-    arms = {0: loader(0), 2: loader(2)}
-    t0 = time.perf_counter()
-    first = iter(arms[2])  # warm-up: starts the workers
-    next(first)
-    startup = time.perf_counter() - t0  # to the first batch, the workers' start included
-    for _ in first:
-        pass
-    epoch(arms[0])
-    seen: dict[int, list[float]] = {0: [], 2: []}
+    def plain(workers: int) -> Any:
+        options: dict[str, Any] = {"num_workers": workers}
+        if workers:
+            options.update(multiprocessing_context=START, persistent_workers=True)
+        return torch.utils.data.DataLoader(rows, batch_size=BATCH, shuffle=True,
+                                           drop_last=True, **options)
+
+    arms = {"ours 0": ours(0), "ours 2": ours(2), "torch 0": plain(0), "torch 2": plain(2)}
+    start: dict[str, float] = {}
+    for name, loader in arms.items():  # warm-up: starts the workers
+        t0 = time.perf_counter()
+        first = iter(loader)
+        next(first)
+        start[name] = time.perf_counter() - t0
+        for _ in first:
+            pass
+    seen: dict[str, list[float]] = {name: [] for name in arms}
     for r in range(rounds):
-        for workers in ((0, 2) if r % 2 == 0 else (2, 0)):
-            seen[workers].append(epoch(arms[workers]))
-    return {"rows_s": {str(k): v for k, v in seen.items()}, "workers_start_s": startup,
-            "rows": data.rows}
+        for name in rotate(list(arms), r):
+            seen[name].append(epoch_rows_s(arms[name]))
+    return {"rows_s": seen, "start_s": start, "rows": data.rows}
+
+
+def two_ranks(data: Any, rounds: int, crop: int) -> dict[str, Any]:
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.set_num_threads(1)
+
+    def ours(workers: int) -> Any:
+        options: dict[str, Any] = {"num_workers": workers}
+        if workers:
+            options.update(multiprocessing_context=START, persistent_workers=True)
+        return data.torch_loader(BATCH, label="label", features=["image"],
+                                 transform=functools.partial(decode_crop_flip, crop=crop),
+                                 **options)
+
+    arms = {"ours 0": ours(0), "ours 2": ours(2)}
+    seen: dict[str, list[float]] = {name: [] for name in arms}
+    rss: dict[str, float] = {}
+    for name, loader in arms.items():
+        hvd.allreduce(torch.zeros(1), name=f"warm {name}")
+        with TreeRss() as peak:
+            for _ in loader:
+                pass
+            for r in range(rounds):
+                hvd.allreduce(torch.zeros(1), name=f"{name} {r}")  # both ranks at once
+                start = time.perf_counter()
+                for _ in loader:
+                    pass
+                slowest = max(hvd.allgather_object(time.perf_counter() - start))
+                seen[name].append(data.steps(BATCH) * BATCH * hvd.size() / slowest)
+        rss[name] = peak.mib
+    return {"rows_s": seen, "peak_mib": rss, "rows": data.rows}
+
+
+def petastorm(rows: int, size: int, crop: int, rounds: int) -> dict[str, Any]:
+    sys.path.insert(0, HERE)
+    from dataframe_feed import ensure_petastorm_venv
+
+    python = ensure_petastorm_venv()
+    script = os.path.join(HERE, "petastorm_images.py")
+    env = {**os.environ, "PYSPARK_PYTHON": python, "PYTHONPATH": ""}
+    proc = subprocess.run([python, script, *map(str, (rows, size, crop, rounds, BATCH))],
+                          capture_output=True, text=True, env=env, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the Petastorm arm failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def line(name: str, values: list[float], unit: str) -> str:
+    return (f"  {name:<26} min {min(values):>9,.0f}  median {statistics.median(values):>9,.0f}"
+            f"  max {max(values):>9,.0f} {unit}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=96)
+    parser.add_argument("--crop", type=int, default=None, help="default: size - 8")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-petastorm", action="store_true")
     args = parser.parse_args()
+    crop = args.crop or args.size - 8
     from pyspark.sql import SparkSession
 
     from mlflow_hvd import HorovodRunner, TrackingConfig
 
     spark = (SparkSession.builder.master("local[2]")
              .config("spark.driver.memory", "4g")  # the PNGs cross the driver's JVM once
-             .getOrCreate())
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    df = frame(spark, args.rows, args.size)
-    out = HorovodRunner(np=-1, tracking=TrackingConfig(track=False)).run(
-        rank_rounds, data=df, rounds=args.rounds)
-    print(f"{out['rows']} rows of {args.size}x{args.size} PNGs, batch {BATCH}, "
-          f"{args.rounds} alternated rounds; first batch from fresh workers after "
-          f"{out['workers_start_s']:.2f} s")
-    for workers, values in out["rows_s"].items():
-        print(f"  {workers} workers: rows/s min {min(values):,.0f} median "
-              f"{statistics.median(values):,.0f} max {max(values):,.0f}")
-    ratio = statistics.median(out["rows_s"]["2"]) / statistics.median(out["rows_s"]["0"])
-    worst = min(out["rows_s"]["2"]) / max(out["rows_s"]["0"])
-    print(f"  2 workers / 0 workers: {ratio:.2f}x (medians; worst pairing {worst:.2f}x); "
-          "goal >= 1.6x")
+    df = frame(spark, args.rows, args.size).cache()
+    df.count()
+    untracked = TrackingConfig(track=False)
+    one = HorovodRunner(np=-1, tracking=untracked).run(one_rank, data=df, rounds=args.rounds,
+                                                        crop=crop, here=HERE)
+    two = HorovodRunner(np=2, spark=spark, tracking=untracked).run(two_ranks, data=df,
+                                                                   rounds=args.rounds, crop=crop)
+    peta = None if args.no_petastorm else petastorm(args.rows, args.size, crop, args.rounds)
+    spark.stop()
+
+    med = {k: statistics.median(v) for k, v in one["rows_s"].items()}
+    print(f"{one['rows']:,} rows of {args.size}x{args.size} PNGs -> float32 "
+          f"{crop}x{crop}, batch {BATCH}, {START} workers, "
+          f"{args.rounds} rounds")
+    print("1. one rank (np=-1), rows/s per epoch:")
+    for name, values in one["rows_s"].items():
+        print(line(name + " workers", values,
+                   f"rows/s  (first batch {one['start_s'][name]:.2f} s)"))
+    print(f"  2 workers / 0 workers: ours {med['ours 2'] / med['ours 0']:.2f}x, "
+          f"PyTorch's DataLoader {med['torch 2'] / med['torch 0']:.2f}x (goal >= 1.6x)")
+    print(f"  ours / PyTorch's DataLoader: 0 workers {med['ours 0'] / med['torch 0']:.2f}x, "
+          f"2 workers {med['ours 2'] / med['torch 2']:.2f}x")
+    print(f"2. two ranks (np=2), {two['rows']:,} rows each; the job's rows/s (both ranks' rows "
+          "over the slower rank's epoch), rank 0's peak memory:")
+    for name, values in two["rows_s"].items():
+        print(line(name + " workers", values, f"rows/s  peak {two['peak_mib'][name]:,.0f} MiB"))
+    if peta is not None:
+        print(line("petastorm 0.12.1", peta["rows_s"],
+                   f"rows/s  peak {peta['peak_mib']:,.0f} MiB  "
+                   f"(converter {peta['convert_s']:.1f} s; rows per rank "
+                   f"{peta['rows'][0]:,} and {peta['rows'][1]:,})"))
+        p = statistics.median(peta["rows_s"])
+        for name, values in two["rows_s"].items():
+            print(f"  {name} workers / petastorm: {statistics.median(values) / p:.2f}x rows/s, "
+                  f"{two['peak_mib'][name] / peta['peak_mib']:.2f}x peak memory")
 
 
 if __name__ == "__main__":

@@ -276,6 +276,40 @@ def _fail_at_57(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def test_rows_a_transform_returns_unfit_for_their_batch_are_named(tmp_path: Path) -> None:
+    """A batch's rows are stacked column by column: a row whose column's shape or type
+    differs from the batch's first row's is named (np.stack would say neither which row
+    nor which column; a float into an int column would be cut silently)."""
+    shard = fed(tmp_path, [400])[0]
+
+    def as_int_but_row_57(row: dict[str, Any]) -> dict[str, Any]:
+        return {**row, "id": float(row["id"]) if int(row["id"]) == 57 else int(row["id"])}
+
+    cases = [
+        (lambda row: {**row, "x": row["x"][:2] if int(row["id"]) == 45 else row["x"]},
+         r"returned, for row 45 of epoch 0's pass over train= \(batch 1, row 5 in it\), "
+         r"'x' of shape \(2,\), but the batch's first row's was \(3,\): rows of a batch "
+         r"are stacked"),
+        (as_int_but_row_57, r"row 57 .* 'id' of type float64, but the batch's first row's "
+         r"was int64: return the same type for every row"),
+        (lambda row: {"x": row["x"]} if int(row["id"]) == 3 else row,
+         r"row 3 .* the columns \['x'\], but the batch's first row had \['id', 'label', 'x'\]"),
+    ]
+    for transform, message in cases:
+        loader = shard.torch_loader(40, features=["id", "x"], shuffle=False,
+                                    transform=transform)
+        with pytest.raises(ConfigurationError, match=message):
+            list(loader)
+    # what fits is stacked: Python ints and float32 arrays into their columns' tensors
+    import torch
+
+    loader = shard.torch_loader(40, features=["id", "x"], label=None, shuffle=False,
+                                transform=lambda row: {"id": int(row["id"]), "x": row["x"]})
+    first = next(iter(loader))
+    assert first["id"].dtype == torch.int64 and first["id"].tolist() == list(range(40))
+    assert first["x"].dtype == torch.float32 and first["x"].shape == (40, 3)
+
+
 def test_a_tf_map_runs_per_row_in_tf_data_and_keeps_the_batches(tmp_path: Path) -> None:
     shard = fed(tmp_path, [400])[0]
 
@@ -292,3 +326,32 @@ def test_a_tf_map_runs_per_row_in_tf_data_and_keeps_the_batches(tmp_path: Path) 
     assert [int(i) for b, _ in batches for i in b["id"]] == list(range(400))  # in order
     with pytest.raises(ConfigurationError, match="map must be a function of one row"):
         shard.tf_dataset(40, map="decode")
+
+
+def test_bytes_and_text_columns_reach_torch_as_lists_with_and_without_workers(
+        tmp_path: Path) -> None:
+    """Binary and string columns are lists of ``bytes`` / ``str`` in a torch batch, in the
+    training process (where a window's batches are copied at once) and from workers."""
+    spec = FeedSpec((FrameSpec("train", 0, (
+        Column("id", ColumnKind.SCALAR, "int64", "id"),
+        Column("png", ColumnKind.BINARY, "binary", "png"),
+        Column("text", ColumnKind.STRING, "string", "text"),
+    )),))
+    ids = np.arange(300)
+    record = pa.RecordBatch.from_arrays(
+        [pa.array(ids), pa.array([b"\x89PNG%d" % i for i in ids], pa.binary()),
+         pa.array([f"row {i}" for i in ids])], names=["id", "png", "text"])
+    directory = tmp_path / "task0"
+    directory.mkdir()
+    report = feed_partition(spec, 0, [record.slice(0, 120), record.slice(120)], str(directory))
+    shard = resolve({"train": ShardArg("train")}, manifest(spec, str(directory), [report], 0))[
+        "train"]
+    for options in ({}, {"num_workers": 2, "multiprocessing_context": "forkserver"}):
+        loader = shard.torch_loader(25, label=None, features=["id", "png", "text"], **options)
+        batches = list(loader)
+        assert len(batches) == 12
+        for b in batches:
+            assert isinstance(b["png"], list) and isinstance(b["text"], list)
+            assert b["png"] == [b"\x89PNG%d" % i for i in b["id"].tolist()]
+            assert b["text"] == [f"row {i}" for i in b["id"].tolist()]
+        assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(300))

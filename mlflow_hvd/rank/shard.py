@@ -184,8 +184,10 @@ class Shard:
         ``transform``: a function of one row (a dict of column -> value) returning a dict
         of column -> value (e.g. an encoded image decoded to an array, augmented), run where
         the batch is made: in the loader's worker processes. Its results are stacked per
-        column. A row it fails on raises :class:`~mlflow_hvd.errors.DataInputError` naming
-        the rank, the row's position in the pass and the argument.
+        column, so each row must return the same columns, shapes and types. A row it
+        fails on, or whose result does not fit the batch, raises
+        :class:`~mlflow_hvd.errors.DataInputError` naming the rank, the row's position in
+        the pass and the argument.
         """
         from mlflow_hvd.rank.torch_data import ShardDataset
 

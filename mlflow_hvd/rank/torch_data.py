@@ -27,7 +27,7 @@ import fcntl
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -94,40 +94,63 @@ class ShardDataset(torch.utils.data.IterableDataset):
                          max(self.window, self.batch_size) if self.shuffle else self.batch_size)
         index = 0
         for group in one_pass.groups():
-            for i in range(len(group[read[0]])):
+            count = len(group[read[0]])
+            if info is None and self.transform is None:
+                # in the training process: the group's batches copied at once, each batch a
+                # view (a copy and a buffer per batch cost more than reading it)
+                columns = _Batch.of(group)
+                for i in range(count):
+                    yield self._pick({n: c[i] if isinstance(c, torch.Tensor) else list(c[i])
+                                      for n, c in columns.items()})
+                index += count
+                continue
+            for i in range(count):
                 if index % workers == me:
-                    batch = {n: a[i].copy() for n, a in group.items()}
-                    yield self._output(batch, index, epoch)
+                    yield self._output({n: a[i] for n, a in group.items()}, index, epoch)
                 index += 1
 
     # --- a batch ----------------------------------------------------------------------------
     def _output(self, batch: dict[str, np.ndarray], index: int, epoch: int) -> Any:
-        if self.transform is not None:
-            batch = self._transformed(batch, index, epoch)
-        x = _tensor(batch[self.names[0]]) if len(self.names) == 1 else {
-            n: _tensor(batch[n]) for n in self.names}
-        return x if self.label is None else (x, _tensor(batch[self.label]))
+        return self._pick(self._transformed(batch, index, epoch) if self.transform is not None
+                          else _Batch.of(batch))
+
+    def _pick(self, columns: dict[str, Any]) -> Any:
+        x = columns[self.names[0]] if len(self.names) == 1 else {
+            n: columns[n] for n in self.names}
+        return x if self.label is None else (x, columns[self.label])
 
     def _transformed(self, batch: dict[str, np.ndarray], index: int,
-                     epoch: int) -> dict[str, np.ndarray]:
-        rows: list[dict[str, Any]] = []
+                     epoch: int) -> dict[str, Any]:
+        """The batch's rows through the transform, each written into the batch's output as
+        it comes (in a worker, output in shared memory: it reaches the training process
+        without another copy, and the rows' arrays are not all held at once)."""
+        out: _Batch | None = None
         keys = list(batch)
         for i in range(self.batch_size):
             row = {k: batch[k][i] for k in keys}
             try:
-                out = self.transform(row)  # type: ignore[misc]
+                got = self.transform(row)  # type: ignore[misc]
             except Exception as exc:
                 raise DataInputError(
-                    f"rank {self.rank}: transform {_name(self.transform)} failed on row "
-                    f"{index * self.batch_size + i} of epoch {epoch}'s pass over "
-                    f"{self.file.argument}= (batch {index}, row {i} in it): "
-                    f"{type(exc).__name__}: {exc}") from exc
-            if not isinstance(out, dict):
+                    f"rank {self.rank}: transform {_name(self.transform)} failed on "
+                    f"{self._where(index, i, epoch)}: {type(exc).__name__}: {exc}") from exc
+            if not isinstance(got, dict):
                 raise DataInputError(
                     f"rank {self.rank}: transform {_name(self.transform)} must return a dict of "
-                    f"the row's columns (as it was given one), got {type(out).__name__}")
-            rows.append(out)
-        return {k: _stack([r[k] for r in rows]) for k in rows[0]}
+                    f"the row's columns (as it was given one), got {type(got).__name__}")
+            if out is None:
+                out = _Batch(got, self.batch_size)
+            problem = out.put(i, got)
+            if problem:
+                raise DataInputError(
+                    f"rank {self.rank}: transform {_name(self.transform)} returned, for "
+                    f"{self._where(index, i, epoch)}, {problem}")
+        assert out is not None
+        return out.columns
+
+    def _where(self, index: int, i: int, epoch: int) -> str:
+        return (f"row {index * self.batch_size + i} of epoch {epoch}'s pass over "
+                f"{self.file.argument}= (batch {index}, row {i} in it)")
 
     # --- pass numbers ---------------------------------------------------------------------
     def _number(self, key: str) -> int:
@@ -158,14 +181,72 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
-def _stack(values: Sequence[Any]) -> np.ndarray:
-    if isinstance(values[0], bytes | str):
-        return np.array(values, dtype=object)
-    return np.stack([np.asarray(v) for v in values])
+class _Batch:
+    """The columns of one batch of transformed rows, filled row by row: numbers and arrays
+    into tensors, strings, bytes and other objects into lists. The tensors are views of one
+    buffer, in a ``DataLoader`` worker in shared memory: PyTorch hands a worker's tensors to
+    the training process one shared buffer at a time (a file descriptor passed over a
+    socket, ~0.4 ms each here), and would otherwise first copy each tensor into one."""
 
+    def __init__(self, first: dict[str, Any], size: int) -> None:
+        self.columns: dict[str, Any] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+        layout: list[tuple[str, np.dtype[Any], tuple[int, ...], int]] = []
+        end = 0
+        for key, value in first.items():
+            array = None if isinstance(value, bytes | str) else np.asarray(value)
+            if array is None or array.dtype.kind in "OUSV":
+                self.columns[key] = [None] * size
+                continue
+            self.columns[key] = None  # a tensor, below: the row's order of columns kept
+            shape = (size, *array.shape)
+            start = -(-end // 64) * 64  # each column at a 64-byte boundary
+            layout.append((key, array.dtype, shape, start))
+            end = start + int(np.prod(shape)) * array.dtype.itemsize
+        buffer = torch.empty(end, dtype=torch.uint8)
+        if torch.utils.data.get_worker_info() is not None:
+            buffer.share_memory_()
+        for key, dtype, shape, start in layout:
+            nbytes = int(np.prod(shape)) * dtype.itemsize
+            tensor = buffer[start:start + nbytes].view(torch.from_numpy(
+                np.empty(0, dtype)).dtype).view(shape)
+            self.columns[key] = tensor
+            self._arrays[key] = tensor.numpy()
 
-def _tensor(array: np.ndarray) -> Any:
-    return list(array) if array.dtype == object else torch.from_numpy(np.ascontiguousarray(array))
+    @classmethod
+    def of(cls, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        """A batch read from the shard (column -> array of rows), in the batch's buffer."""
+        first = next(iter(batch.values()))
+        out = cls({k: a[0] for k, a in batch.items()}, len(first))
+        for key, array in batch.items():
+            target = out._arrays.get(key)
+            if target is None:
+                out.columns[key] = list(array)
+            else:
+                target[...] = array
+        return out.columns
+
+    def put(self, i: int, row: dict[str, Any]) -> str | None:
+        """Row ``i``; what is wrong with it if it does not fit the batch."""
+        if row.keys() != self.columns.keys():
+            return (f"the columns {sorted(row)}, but the batch's first row had "
+                    f"{sorted(self.columns)}: return the same columns for every row")
+        for key, value in row.items():
+            target = self._arrays.get(key)
+            if target is None:
+                self.columns[key][i] = value
+                continue
+            array = np.asarray(value)
+            if array.shape != target.shape[1:]:
+                return (f"{key!r} of shape {array.shape}, but the batch's first row's was "
+                        f"{target.shape[1:]}: rows of a batch are stacked, so return the same "
+                        "shape for every row (e.g. crop or resize to a fixed size)")
+            if array.dtype != target.dtype and not np.can_cast(array.dtype, target.dtype,
+                                                               "same_kind"):
+                return (f"{key!r} of type {array.dtype}, but the batch's first row's was "
+                        f"{target.dtype}: return the same type for every row")
+            target[i] = array
+        return None
 
 
 __all__ = ["ShardDataset", "Transform"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import workers
+from conftest import worker_processes
 
 from mlflow_hvd import ClusterConfig, HorovodRunner, JobConfig, TrackingConfig
 from mlflow_hvd.errors import DataInputError, WorkerFailedError
@@ -99,7 +100,9 @@ def test_a_column_type_that_cannot_be_fed_is_refused_before_any_spark_job(spark:
     assert tracker.getJobIdsForGroup(None) == jobs_before
 
 
-def test_nulls_and_empty_frames_fail_before_the_training_function(spark: Any) -> None:
+def test_nulls_and_empty_frames_fail_the_job_with_the_feeds_error(spark: Any) -> None:
+    """Found while the tasks write (their ranks started meanwhile): the job's error is the
+    feed's, and no rank is left."""
     from pyspark.sql import functions as F
 
     with_nulls = spark.range(0, 100, 1, 2).select(
@@ -111,6 +114,7 @@ def test_nulls_and_empty_frames_fail_before_the_training_function(spark: Any) ->
     with pytest.raises(DataInputError, match=r"passed as data= has 0 rows, and rank\(s\) 0, 1 "
                                              r"of 2 got none"):
         runner.run(workers.echo, data=spark.range(0).selectExpr("id"))
+    assert worker_processes() == []
 
 
 def test_a_batch_larger_than_the_shard_fails_every_rank_alike(spark: Any) -> None:

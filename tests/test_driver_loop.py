@@ -485,6 +485,54 @@ def test_a_feed_that_stops_progressing_is_a_start_timeout() -> None:
         _run(script, start_timeout=0.5)
 
 
+def test_ranks_started_while_their_tasks_feed_wait_under_the_feeds_deadline() -> None:
+    """Ranks start while their tasks still write the data (and wait for their shards): a
+    feed that keeps progressing holds the deadline; one that stops is a start timeout even
+    though every rank started."""
+    def progressing(sink: Sink, stop: threading.Event) -> None:
+        sink(FeedProgress(0, 0, 0))
+        sink(WorkerStarted(0, "h"))
+        sink(WorkerStarted(1, "h"))
+        for rows in range(1000, 8000, 1000):  # 7 reports 0.2 s apart: past start_timeout
+            stop.wait(0.2)
+            sink(FeedProgress(0, rows, rows * 100))
+        sink(FeedProgress(0, 8000, 800_000, done=True))
+        _ok(sink, 1)
+        _ok(sink, 0, "trained")
+
+    value, _, _ = _run(progressing, start_timeout=0.5)
+    assert value == "trained"
+
+    def stalled(sink: Sink, stop: threading.Event) -> None:
+        sink(FeedProgress(0, 0, 0))
+        sink(FeedProgress(1, 0, 0))
+        sink(FeedProgress(0, 10, 100, done=True))
+        sink(WorkerStarted(0, "h"))
+        sink(WorkerStarted(1, "h"))
+        _until_stopped(sink, stop, 0)
+        sink(WorkerExited(1, "h", -15, time.time(), stopped=True))
+
+    with pytest.raises(StartTimeoutError, match=(
+            r"^the data feed of task\(s\) 1 made no progress within 0.5s \(every rank "
+            r"started and waits for its shard\)")):
+        _run(stalled, start_timeout=0.5)
+
+
+def test_a_feed_failure_after_the_ranks_started_is_the_jobs_error() -> None:
+    """Each task says the feed failed before its rank, waiting for its shard, exits (75,
+    no error of its own): the job ends with the feed's error, not with the rank's exit."""
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(WorkerStarted(0, "h"))
+        sink(WorkerStarted(1, "h"))
+        sink(FeedFailed("column 'y' of the DataFrame passed as data= has null values",
+                        "DataInputError"))
+        sink(WorkerExited(1, "h", 75, time.time()))
+        _until_stopped(sink, stop, 0)
+
+    with pytest.raises(DataInputError, match=r"^column 'y' .* has null values$"):
+        _run(script)
+
+
 def test_a_feed_failure_is_the_jobs_error_and_stops_the_tasks() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
         sink(FeedFailed("task 1: column 'y' of the DataFrame passed as data= has null values",

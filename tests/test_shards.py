@@ -5,6 +5,7 @@ tf.data, torch)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -355,3 +356,43 @@ def test_bytes_and_text_columns_reach_torch_as_lists_with_and_without_workers(
             assert b["png"] == [b"\x89PNG%d" % i for i in b["id"].tolist()]
             assert b["text"] == [f"row {i}" for i in b["id"].tolist()]
         assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(300))
+
+
+def test_a_rank_started_before_its_shard_was_written_waits_for_it_on_first_use(
+        tmp_path: Path) -> None:
+    """Ranks start while their tasks write the data: ``resolve`` returns at once, and the
+    shard waits for the manifest when first used (``on_load`` then, once); a failed feed
+    raises FeedNotDelivered there, and ``settle`` waits for shards the function never
+    used."""
+    import threading
+
+    from mlflow_hvd.protocol.feed import FEED_FAILED_FILE, MANIFEST_FILE
+    from mlflow_hvd.rank.shard import FeedNotDelivered, settle
+
+    spec = FeedSpec((TRAIN,))
+    directory = tmp_path / "task0"
+    directory.mkdir()
+    loaded: list[str] = []
+    kwargs = resolve({"train": ShardArg("train"), "lr": 0.1},
+                     str(directory / MANIFEST_FILE), on_load=lambda s: loaded.append(s.argument))
+    assert kwargs["lr"] == 0.1 and kwargs["train"].argument == "train" and loaded == []
+
+    def write() -> None:
+        report = feed_partition(spec, 0, batches(0, 100, 50), str(directory))
+        manifest(spec, str(directory), [report], 0)
+
+    writer = threading.Timer(0.3, write)  # the task writes after its rank started
+    started = time.monotonic()
+    writer.start()
+    assert kwargs["train"].rows == 100  # waited for the manifest
+    assert time.monotonic() - started >= 0.25
+    writer.join()
+    settle(kwargs)
+    assert loaded == ["train"]
+
+    failed = tmp_path / "task1"
+    failed.mkdir()
+    (failed / FEED_FAILED_FILE).write_text("DataInputError: column 'y' has null values")
+    waiting = resolve({"train": ShardArg("train")}, str(failed / MANIFEST_FILE))
+    with pytest.raises(FeedNotDelivered, match="column 'y' has null values"):
+        settle(waiting)

@@ -198,8 +198,9 @@ def manifest(spec: FeedSpec, directory: str, reports: Sequence[TaskFeed],
                                          reports[partition].written, strict=True)
     ]
     path = os.path.join(directory, MANIFEST_FILE)
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:  # whole or absent: a rank may be waiting for it
         f.write(dump_manifest(shards))
+    os.replace(path + ".tmp", path)
     return path
 
 

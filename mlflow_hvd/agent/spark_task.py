@@ -21,7 +21,7 @@ from typing import Any
 
 from mlflow_hvd.agent import run_worker, staged_payload, worker_launch
 from mlflow_hvd.agent.host_check import environment_differences
-from mlflow_hvd.agent.task_feed import fed_shards
+from mlflow_hvd.agent.task_feed import TaskFeeding, task_feeding
 from mlflow_hvd.common import logs
 from mlflow_hvd.common.layout import Devices, assign_slots, visible_devices
 from mlflow_hvd.errors import ConfigurationError
@@ -99,9 +99,8 @@ def barrier_task(job: JobSpec) -> Callable[[Iterable[Any]], Iterator[Any]]:
                 client.send(EnvironmentMismatch(partition, socket.gethostname(), differences))
                 yield _exit_code_batch(pa, EXIT_NOT_LAUNCHED)
                 return
-            with fed_shards(job.feed, ctx, batches, client.send) as shards:
-                code = EXIT_NOT_LAUNCHED if shards is None else _report_and_run(
-                    job, ctx, client, slots, partition, shards)
+            with task_feeding(job.feed, ctx, batches, client.send) as feed:
+                code = _report_and_run(job, ctx, client, slots, partition, feed)
         finally:
             client.close()
         yield _exit_code_batch(pa, code)
@@ -119,20 +118,41 @@ def _exit_code_batch(pa: Any, code: int) -> Any:
 
 
 def _report_and_run(job: JobSpec, ctx: Any, client: ChannelClient,
-                    slots: Sequence[RankSlot], partition: int, shards: str) -> int:
-    """Report this task's layout; start its rank once the driver says so."""
+                    slots: Sequence[RankSlot], partition: int, feed: TaskFeeding) -> int:
+    """Report this task's layout and, once the driver says so, start its rank while the
+    task feeds its partition: the rank's start (its imports, Horovod's rendezvous) overlaps
+    the feed, and the rank waits for its shard on first use. Returns the rank's exit code.
+
+    The task always feeds (the other tasks wait for its counts in ``allGather``). When the
+    feed fails, every task has told the driver, which ends the job; the rank, waiting for
+    its shard or done, exits without an error of its own.
+    """
     devices = _devices(ctx, job.gpu_resource, slots, partition)
     answer = client.request(LayoutReport(partition, tuple(slots)), job.channel_timeout)
-    if isinstance(answer, Launch):
-        return _run_rank(job, client, slots, partition, devices, shards)
-    # the job failed before this task reported
-    log.info("job %s: task %d starts no worker: the job is being stopped", job.job_id,
-             partition)
-    return EXIT_NOT_LAUNCHED
+    if not isinstance(answer, Launch):  # the job failed before this task reported
+        log.info("job %s: task %d starts no worker: the job is being stopped", job.job_id,
+                 partition)
+        feed.run()
+        return EXIT_NOT_LAUNCHED
+    stop = threading.Event()
+    codes: list[int] = []
+    rank = threading.Thread(
+        target=lambda: codes.append(_run_rank(job, client, slots, partition, devices,
+                                              feed.manifest, stop)),
+        name="mlflow-hvd-rank", daemon=True)
+    rank.start()
+    try:
+        feed.run()
+    except BaseException:
+        stop.set()  # the task fails: its rank must not outlive it
+        rank.join()
+        raise
+    rank.join()
+    return codes[0] if codes else EXIT_NOT_LAUNCHED
 
 
 def _run_rank(job: JobSpec, client: ChannelClient, slots: Sequence[RankSlot], partition: int,
-              devices: Devices | None, shards: str) -> int:
+              devices: Devices | None, shards: str, stop: threading.Event) -> int:
     """Start the worker of this task's rank, stream it to the driver, return its exit code."""
     iface = job.gloo_iface or iface_towards(job.driver_host)
     with staged_payload(job.payload, kind="task") as payload_path:
@@ -152,7 +172,7 @@ def _run_rank(job: JobSpec, client: ChannelClient, slots: Sequence[RankSlot], pa
         launch = dataclasses.replace(launch, pass_fds=(client.fileno(),))
         log.info("job %s: task %d starts rank %d on %s", job.job_id, partition,
                  launch.rank, launch.host)
-        exited = run_worker(launch, client.send, threading.Event())
+        exited = run_worker(launch, client.send, stop)
         log.info("job %s: rank %d on %s exited with %d", job.job_id, launch.rank,
                  launch.host, exited.exit_code)
     return exited.exit_code

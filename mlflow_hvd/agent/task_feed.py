@@ -1,6 +1,7 @@
 """Executor side: a barrier task's part in feeding the job's DataFrames — its partition
 written to the executor's local directory, the tasks' exchange of counts, the manifest its
-rank reads, and the directory's removal however the task ends.
+rank reads (the rank starts meanwhile and waits for it), and the directory's removal however
+the task ends.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from mlflow_hvd.agent.feed import TaskFeed, agree, feed_partition, manifest
 from mlflow_hvd.common import scratch
 from mlflow_hvd.errors import DataInputError, FeedError
-from mlflow_hvd.protocol.feed import FeedSpec, Written
+from mlflow_hvd.protocol.feed import FEED_FAILED_FILE, MANIFEST_FILE, FeedSpec, Written
 from mlflow_hvd.protocol.messages import FeedAgreed, FeedFailed, FeedProgress
 
 log = logging.getLogger(__name__)
@@ -62,30 +63,53 @@ def _decode(text: str) -> TaskFeed:
     return TaskFeed(written=written, **item)
 
 
-@contextmanager
-def fed_shards(spec: FeedSpec | None, ctx: Any, batches: Iterable[Any],
-               send: Callable[[object], None]) -> Iterator[str | None]:
-    """Feed this task's partition; yields the path of its rank's manifest ("" for a job
-    without data), or None when the feed failed (task 0 has told the driver why; no task
-    starts a rank). The files are removed when the block ends, on every path."""
-    if spec is None:
-        for _ in batches:  # the one row of spark.range(np)'s partition
+class TaskFeeding:
+    """One barrier task's feed of its partition, run by :meth:`run` while its rank may
+    already be starting: the rank is given :attr:`manifest` (not there yet) and waits for
+    it, or for the failure file beside it (:mod:`mlflow_hvd.rank.shard`)."""
+
+    def __init__(self, spec: FeedSpec | None, ctx: Any, batches: Iterable[Any],
+                 send: Callable[[object], None], directory: str) -> None:
+        self.spec, self.ctx, self.batches, self.send = spec, ctx, batches, send
+        self.directory = directory
+        self.manifest = os.path.join(directory, MANIFEST_FILE) if spec is not None else ""
+
+    def run(self) -> bool:
+        """Write this task's partition, agree on the counts with the other tasks and write
+        the manifest; False when the feed failed (every task has told the driver why, then
+        written the failure file its rank waits for)."""
+        if self.spec is None:
+            for _ in self.batches:  # the one row of spark.range(np)'s partition
+                pass
+            return True
+        partition = self.ctx.partitionId()
+        mine = feed_partition(self.spec, partition,
+                              _reported(self.batches, partition, self.send), self.directory)
+        for _ in self.batches:  # what a failed write left unread: Spark's input thread must end
             pass
-        yield ""
-        return
-    partition = ctx.partitionId()
-    with scratch.owned_dir("feed", local_dir()) as directory:
-        mine = feed_partition(spec, partition, _reported(batches, partition, send), directory)
-        for _ in batches:  # what a failed write left unread: Spark's input thread must end
-            pass
-        reports = [_decode(text) for text in ctx.allGather(_encode(mine))]
+        reports = [_decode(text) for text in self.ctx.allGather(_encode(mine))]
         try:
-            path: str | None = manifest(spec, directory, reports, partition)
+            manifest(self.spec, self.directory, reports, partition)
             if partition == 0:
-                send(FeedAgreed(agree(spec, reports)))
+                self.send(FeedAgreed(agree(self.spec, reports)))
+            return True
         except (DataInputError, FeedError) as exc:
-            if partition == 0:
-                send(FeedFailed(str(exc), type(exc).__name__))
-            log.info("task %d starts no rank: %s", partition, exc)
-            path = None
-        yield path
+            # every task says so before its rank can exit: the driver ends the job with
+            # this error, not with a rank's exit
+            self.send(FeedFailed(str(exc), type(exc).__name__))
+            log.info("task %d: the feed failed: %s", partition, exc)
+            with open(os.path.join(self.directory, FEED_FAILED_FILE), "w") as f:
+                f.write(f"{type(exc).__name__}: {exc}")
+            return False
+
+
+@contextmanager
+def task_feeding(spec: FeedSpec | None, ctx: Any, batches: Iterable[Any],
+                 send: Callable[[object], None]) -> Iterator[TaskFeeding]:
+    """The task's :class:`TaskFeeding`; its files are removed when the block ends, on every
+    path (the block outlives the task's rank)."""
+    if spec is None:
+        yield TaskFeeding(None, ctx, batches, send, "")
+        return
+    with scratch.owned_dir("feed", local_dir()) as directory:
+        yield TaskFeeding(spec, ctx, batches, send, directory)

@@ -129,6 +129,7 @@ class JobRecord:
     backend_finished_at: float | None = None
     fault: str = ""  # a failure of the job's machinery (e.g. a layout mismatch)
     fed_at: float = 0.0  # the latest progress of a task feeding the job's DataFrames
+    feeding: set[int] = field(default_factory=set)  # tasks that began feeding, not done
     arrived_at: float = 0.0  # when the latest rank started
     # why no rank can start: the job's DataFrames cannot be fed, or a host cannot run the
     # environment shipped to it
@@ -279,14 +280,19 @@ def watch(
     failed and its ranks are down; never raises for the job's own failures."""
     t0 = job.t0
     wind_down = settings.stop_grace + settings.report_grace
+    aborted: MlflowHvdError | None = None
     while not job.all_exited():
         now = time.monotonic()
         if job.state is JobState.RUNNING:
             error = _check_running(job, backend, settings, now - t0, now)
             if error is not None:
-                return Outcome(error=error)
+                if not job.started or error is not job.setup_error:
+                    return Outcome(error=error)
+                # the data could not be fed, and ranks started while their tasks fed it: as
+                # after a rank failure, run() returns once they are gone (they stop at once)
+                aborted = error
         elif now > job.since + wind_down or (
-            job.state is JobState.STOPPING
+            job.state in (JobState.STOPPING, JobState.ABORTED)
             and job.backend_finished is not None
             and job.all_gone()
         ):
@@ -308,7 +314,7 @@ def watch(
             # A rank that reported an error exits by itself right after; it got a moment so
             # that its real exit status is reported rather than our SIGTERM.
             job.stop(backend)
-    return _outcome(job)
+    return Outcome(error=aborted) if aborted is not None else _outcome(job)
 
 
 def _check_running(
@@ -337,6 +343,13 @@ def _check_running(
             "check that the "
             "cluster has free slots"
         ))
+    if len(job.started) == np and job.feeding and now - job.fed_at > settings.start_timeout:
+        # the ranks start while their tasks feed, and wait for their shards
+        return job.abort(backend, StartTimeoutError(
+            f"the data feed of task(s) {', '.join(map(str, sorted(job.feeding)))} made no "
+            f"progress within {settings.start_timeout:g}s (every rank started and waits for "
+            "its shard). Raise HorovodRunner(job=JobConfig(start_timeout=...)) if computing "
+            "the DataFrame's partitions takes longer, or check the executors' logs"))
     if settings.timeout is not None and elapsed > settings.timeout:
         return job.abort(backend, RunTimeoutError(
             f"the job did not finish within {settings.timeout:g}s ({len(job.exited)} of "
@@ -413,6 +426,7 @@ def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextI
         job.fault = job.fault or message.detail
     elif isinstance(message, FeedProgress):
         job.fed_at = time.monotonic()
+        (job.feeding.discard if message.done else job.feeding.add)(message.partition)
         if message.done:
             log.info("job %s: task %d wrote its %d rows (%.1f MiB in Arrow) in %.1fs",
                      job.job_id, message.partition, message.rows, message.bytes / 2**20,

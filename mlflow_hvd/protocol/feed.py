@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 TAG_COLUMN = "__mlflow_hvd_argument"  # which argument a row of a fed DataFrame belongs to
 MANIFEST_FILE = "shards.json"
+FEED_FAILED_FILE = "shards.failed"  # beside the manifest, when the feed failed instead
 
 
 class ColumnKind(enum.Enum):

@@ -15,14 +15,22 @@ between epochs: shards are fixed for the job (as with every partition-local feed
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.protocol.feed import ColumnKind, ShardArg, ShardFile, load_manifest
+from mlflow_hvd.protocol.feed import (
+    FEED_FAILED_FILE,
+    ColumnKind,
+    ShardArg,
+    ShardFile,
+    load_manifest,
+)
 from mlflow_hvd.rank.passes import Pass
 
 WINDOW_ROWS = 65536  # default rows shuffled together in memory
@@ -43,15 +51,44 @@ class Shard:
             with each pass; set it when resuming at a later epoch).
     """
 
-    def __init__(self, file: ShardFile) -> None:
-        self._file = file
-        self.argument = file.argument
-        self.rows = file.rows
-        self.columns = [c.name for c in file.columns]
-        self.total_rows = file.total
-        self.dropped = file.dropped
+    def __init__(self, file: ShardFile | Callable[[], ShardFile], argument: str = "",
+                 on_load: Callable[[Shard], None] | None = None) -> None:
+        # ``file``, or what waits for it: a rank starts while its task still writes the
+        # shard, and waits for it on first use (:func:`resolve`)
+        self._source = file
+        self._loaded: ShardFile | None = None
+        self._on_load = on_load
+        self.argument = file.argument if isinstance(file, ShardFile) else argument
         self.next_epoch = 0
-        self._widths = dict(file.widths)
+
+    @property
+    def _file(self) -> ShardFile:
+        if self._loaded is None:
+            source = self._source
+            self._loaded = source if isinstance(source, ShardFile) else source()
+            if self._on_load is not None:
+                self._on_load(self)
+        return self._loaded
+
+    @property
+    def rows(self) -> int:
+        return self._file.rows
+
+    @property
+    def columns(self) -> list[str]:
+        return [c.name for c in self._file.columns]
+
+    @property
+    def total_rows(self) -> int:
+        return self._file.total
+
+    @property
+    def dropped(self) -> int:
+        return self._file.dropped
+
+    @property
+    def _widths(self) -> dict[str, int]:
+        return dict(self._file.widths)
 
     def __len__(self) -> int:
         return self.rows
@@ -233,8 +270,23 @@ def _as_is(batch: Any) -> Any:
     return batch
 
 
-def resolve(kwargs: dict[str, Any], manifest_path: str) -> dict[str, Any]:
+class FeedNotDelivered(Exception):
+    """The job's data feed failed while this rank waited for its shard: the driver has the
+    feed's own error and ends the job with it; the rank exits without an error of its own
+    (``mlflow_hvd.rank.worker``)."""
+
+
+WAIT_POLL = 0.05  # seconds between looks for the manifest
+
+
+def resolve(kwargs: dict[str, Any], manifest_path: str,
+            on_load: Callable[[Shard], None] | None = None) -> dict[str, Any]:
     """``kwargs`` with every :class:`ShardArg` replaced by this rank's :class:`Shard`.
+
+    The rank may start while its task still writes the shards: a shard then waits for the
+    manifest on first use (the wait is bounded by the driver, which ends the job when a
+    task's feed stops progressing; a failed feed raises :class:`FeedNotDelivered`).
+    ``on_load`` is called with each shard when it is first used.
 
     Raises:
         ConfigurationError: A DataFrame argument this rank was not fed (its ranks were
@@ -243,12 +295,51 @@ def resolve(kwargs: dict[str, Any], manifest_path: str) -> dict[str, Any]:
     wanted = [v.argument for v in kwargs.values() if isinstance(v, ShardArg)]
     if not wanted:
         return kwargs
-    files: dict[str, ShardFile] = {}
-    if manifest_path and os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            files = {s.argument: s for s in load_manifest(f.read())}
-    missing = [name for name in wanted if name not in files]
-    if missing:
-        raise ConfigurationError(f"this rank was not fed the DataFrame argument(s) {missing}")
-    return {k: Shard(files[v.argument]) if isinstance(v, ShardArg) else v
-            for k, v in kwargs.items()}
+    if not manifest_path:
+        raise ConfigurationError(f"this rank was not fed the DataFrame argument(s) {wanted}")
+    waiting = _Manifest(manifest_path)
+    if waiting.ready():
+        waiting.check(wanted)
+    return {k: Shard(functools.partial(waiting.file, v.argument), v.argument, on_load)
+            if isinstance(v, ShardArg) else v for k, v in kwargs.items()}
+
+
+def settle(kwargs: dict[str, Any]) -> None:
+    """Wait for every shard in ``kwargs`` the function did not use: a job whose data could
+    not be fed fails even when its function never read it."""
+    for value in kwargs.values():
+        if isinstance(value, Shard):
+            value._file  # noqa: B018 - loads it
+
+
+class _Manifest:
+    """A rank's manifest, read once its task has written it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._files: dict[str, ShardFile] | None = None
+
+    def ready(self) -> bool:
+        return os.path.exists(self.path)
+
+    def check(self, wanted: list[str]) -> None:
+        missing = [name for name in wanted if name not in self._read()]
+        if missing:
+            raise ConfigurationError(
+                f"this rank was not fed the DataFrame argument(s) {missing}")
+
+    def file(self, argument: str) -> ShardFile:
+        self.check([argument])
+        return self._read()[argument]
+
+    def _read(self) -> dict[str, ShardFile]:
+        if self._files is None:
+            failed = os.path.join(os.path.dirname(self.path), FEED_FAILED_FILE)
+            while not os.path.exists(self.path):
+                if os.path.exists(failed):
+                    with open(failed) as f:
+                        raise FeedNotDelivered(f.read())
+                time.sleep(WAIT_POLL)
+            with open(self.path) as f:
+                self._files = {s.argument: s for s in load_manifest(f.read())}
+        return self._files

@@ -50,6 +50,7 @@ from mlflow_hvd.rank.tracking import job_env, plugin
 
 EXIT_USER_ERROR = 1
 EXIT_ORPHANED = 70
+EXIT_NOT_FED = 75  # as a task that starts no rank (agent.spark_task.EXIT_NOT_LAUNCHED)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -112,7 +113,10 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes,
         main_fn, kwargs = cloudpickle.loads(payload.code.pickled)
         context.install(client, rank, payload.attempt)
         code_sources.restore([main_fn, kwargs], payload.code.code_files, payload.code.code_texts)
-        kwargs = shard.resolve(kwargs, boot.shards)  # each DataFrame: this rank's shard
+        # each DataFrame: this rank's shard, which its task may still be writing (the shard
+        # waits on first use); rank 0 records each split when its shard is first used
+        kwargs = shard.resolve(kwargs, boot.shards,
+                               on_load=_announce_shard if rank == 0 else None)
         if rank == 0 and payload.tracking is not None:  # the driver's MLflow client settings
             sealed = credentials.fetch(client, rank)
             if sealed is not None:
@@ -121,8 +125,6 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes,
                     os.path.join(os.path.dirname(boot.payload_path), "credentials"))
         local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
         tracking_api.configure(payload.tracking, rank, local_rank, host)
-        if rank == 0:
-            _announce_shards(kwargs)
         saved = job_env.enter(payload.tracking, rank) if payload.tracking else None
         try:
             value = main_fn(**kwargs)
@@ -133,6 +135,7 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes,
         finally:
             if saved is not None:
                 job_env.leave(saved)
+        shard.settle(kwargs)  # a job whose data was not fed fails, used or not
         if rank == 0:
             _log_horovod_files()
         _finish_tracking(client, strict=True)  # before reporting success: nothing is lost
@@ -142,6 +145,9 @@ def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes,
         # keep what was logged up to the failure; the job is going down: hand the rest to
         # the driver soon rather than keep the other ranks' stop waiting
         _finish_tracking(client, strict=False, timeout=SIGTERM_DRAIN)
+        if _feed_failed(exc):  # the driver has the feed's error from the tasks: not ours
+            sys.stderr.write(f"mlflow_hvd: rank {rank} stops: its data was not fed\n")
+            return EXIT_NOT_FED
         return _report(client, rank, host, exc)
     finally:
         credentials.remove(applied)
@@ -178,23 +184,32 @@ def _end_pooled_job() -> None:
 DROP_WARNING = 0.01  # rows left out for equal shards past which rank 0 warns the driver
 
 
-def _announce_shards(kwargs: dict[str, object]) -> None:
-    """Rank 0: record each DataFrame argument's split in the run (tags), and warn the driver
+def _feed_failed(exc: BaseException | None) -> bool:
+    """Whether ``exc`` comes from a shard whose feed failed (raised through the training
+    function's own handlers or not)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, shard.FeedNotDelivered):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _announce_shard(value: shard.Shard) -> None:
+    """Rank 0: record a DataFrame argument's split in the run (tags), and warn the driver
     when more than 1% of its rows were left out to make the shards equal."""
-    for value in kwargs.values():
-        if not isinstance(value, shard.Shard):
-            continue
-        prefix = f"mlflow_hvd.data.{value.argument}"
-        tracking_api.set_tags({f"{prefix}.rows_per_rank": value.rows,
-                               f"{prefix}.total_rows": value.total_rows,
-                               f"{prefix}.dropped_rows": value.dropped})
-        if value.dropped > DROP_WARNING * value.total_rows:
-            context.log_to_driver(
-                f"mlflow_hvd: warning: {value.dropped} of the {value.total_rows} rows of "
-                f"{value.argument}= ({100 * value.dropped / value.total_rows:.1f}%) are left "
-                f"out so that every rank has {value.rows}: Spark's round-robin split gives "
-                "ranks counts that differ by up to the DataFrame's number of partitions; "
-                "coalesce it to fewer partitions, pass more rows or lower np")
+    prefix = f"mlflow_hvd.data.{value.argument}"
+    tracking_api.set_tags({f"{prefix}.rows_per_rank": value.rows,
+                           f"{prefix}.total_rows": value.total_rows,
+                           f"{prefix}.dropped_rows": value.dropped})
+    if value.dropped > DROP_WARNING * value.total_rows:
+        context.log_to_driver(
+            f"mlflow_hvd: warning: {value.dropped} of the {value.total_rows} rows of "
+            f"{value.argument}= ({100 * value.dropped / value.total_rows:.1f}%) are left "
+            f"out so that every rank has {value.rows}: Spark's round-robin split gives "
+            "ranks counts that differ by up to the DataFrame's number of partitions; "
+            "coalesce it to fewer partitions, pass more rows or lower np")
 
 
 def _log_horovod_files() -> None:

@@ -75,15 +75,20 @@ class PeakRss:
         import psutil
 
         self._proc = psutil.Process()
-        self.base = self.peak = self._proc.memory_info().rss
+        self.base = self.peak = self._now()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
 
+    EVERY = 0.01  # seconds between samples
+
+    def _now(self) -> int:
+        return int(self._proc.memory_info().rss)
+
     def _sample(self) -> None:
-        while not self._stop.wait(0.01):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
+        while not self._stop.wait(self.EVERY):
+            self.peak = max(self.peak, self._now())
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()

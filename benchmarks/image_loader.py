@@ -53,6 +53,9 @@ from typing import Any
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from dataframe_feed import PeakRss  # noqa: E402 - stdlib-only at import
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 BATCH = 64
 START = "forkserver"
@@ -106,22 +109,12 @@ class RowsDataset:
         return out["image"], out["label"]
 
 
-class TreeRss:
+class TreeRss(PeakRss):
     """Peak memory of this process and its children (DataLoader workers): their PSS
     (shared pages counted once, split between the processes mapping them), summed, above
     the sum at start; sampled every 20 ms."""
 
-    def __enter__(self) -> TreeRss:
-        import threading
-
-        import psutil
-
-        self._proc = psutil.Process()
-        self.base = self.peak = self._now()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
+    EVERY = 0.02
 
     def _now(self) -> int:
         import psutil
@@ -132,19 +125,22 @@ class TreeRss:
                 total += child.memory_full_info().pss
             except psutil.Error:
                 pass  # a worker that just exited holds no memory
-        return total
+        return int(total)
 
-    def _sample(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self._now())
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+def loader_options(workers: int) -> dict[str, Any]:
+    """``DataLoader`` options of an arm with ``workers`` worker processes."""
+    options: dict[str, Any] = {"num_workers": workers}
+    if workers:
+        options.update(multiprocessing_context=START, persistent_workers=True)
+    return options
 
-    @property
-    def mib(self) -> float:
-        return (self.peak - self.base) / 2**20
+
+def ours(data: Any, workers: int, crop: int) -> Any:
+    """The shard's loader, the transform in its workers (or in the rank)."""
+    return data.torch_loader(BATCH, label="label", features=["image"],
+                             transform=functools.partial(decode_crop_flip, crop=crop),
+                             **loader_options(workers))
 
 
 def epoch_rows_s(loader: Any) -> float:
@@ -169,14 +165,6 @@ def one_rank(data: Any, rounds: int, crop: int, here: str) -> dict[str, Any]:
 
     torch.set_num_threads(1)
 
-    def ours(workers: int) -> Any:
-        options: dict[str, Any] = {"num_workers": workers}
-        if workers:
-            options.update(multiprocessing_context=START, persistent_workers=True)
-        return data.torch_loader(BATCH, label="label", features=["image"],
-                                 transform=functools.partial(decode_crop_flip, crop=crop),
-                                 **options)
-
     images, labels = [], []
     for batch in data.batches(BATCH, shuffle=False):
         images += list(batch["image"])
@@ -184,13 +172,11 @@ def one_rank(data: Any, rounds: int, crop: int, here: str) -> dict[str, Any]:
     rows = peer.RowsDataset(images, labels, crop)
 
     def plain(workers: int) -> Any:
-        options: dict[str, Any] = {"num_workers": workers}
-        if workers:
-            options.update(multiprocessing_context=START, persistent_workers=True)
         return torch.utils.data.DataLoader(rows, batch_size=BATCH, shuffle=True,
-                                           drop_last=True, **options)
+                                           drop_last=True, **loader_options(workers))
 
-    arms = {"ours 0": ours(0), "ours 2": ours(2), "torch 0": plain(0), "torch 2": plain(2)}
+    arms = {"ours 0": ours(data, 0, crop), "ours 2": ours(data, 2, crop),
+            "torch 0": plain(0), "torch 2": plain(2)}
     start: dict[str, float] = {}
     for name, loader in arms.items():  # warm-up: starts the workers
         t0 = time.perf_counter()
@@ -213,15 +199,7 @@ def two_ranks(data: Any, rounds: int, crop: int) -> dict[str, Any]:
     hvd.init()
     torch.set_num_threads(1)
 
-    def ours(workers: int) -> Any:
-        options: dict[str, Any] = {"num_workers": workers}
-        if workers:
-            options.update(multiprocessing_context=START, persistent_workers=True)
-        return data.torch_loader(BATCH, label="label", features=["image"],
-                                 transform=functools.partial(decode_crop_flip, crop=crop),
-                                 **options)
-
-    arms = {"ours 0": ours(0), "ours 2": ours(2)}
+    arms = {"ours 0": ours(data, 0, crop), "ours 2": ours(data, 2, crop)}
     seen: dict[str, list[float]] = {name: [] for name in arms}
     rss: dict[str, float] = {}
     for name, loader in arms.items():
@@ -241,7 +219,6 @@ def two_ranks(data: Any, rounds: int, crop: int) -> dict[str, Any]:
 
 
 def petastorm(rows: int, size: int, crop: int, rounds: int) -> dict[str, Any]:
-    sys.path.insert(0, HERE)
     from dataframe_feed import ensure_petastorm_venv
 
     python = ensure_petastorm_venv()

@@ -32,6 +32,7 @@ from mlflow_hvd.protocol.messages import EnvironmentMismatch, Launch, LayoutRepo
 log = logging.getLogger(__name__)
 
 EXIT_NOT_LAUNCHED = 75  # the task's result when the driver let it start no worker
+STOP_MARGIN = 10.0  # seconds past stop_grace for a stopped rank's output to be relayed
 
 
 def iface_towards(address: str) -> str:
@@ -144,9 +145,11 @@ def _report_and_run(job: JobSpec, ctx: Any, client: ChannelClient,
     try:
         feed.run()
     except BaseException:
-        stop.set()  # the task fails: its rank must not outlive it
-        rank.join()
+        stop.set()  # the task fails: its rank must not outlive it (SIGTERM, then SIGKILL)
+        rank.join(job.stop_grace + STOP_MARGIN)
         raise
+    # the rank's lifetime, as when the task ran it in this thread: the driver's deadlines
+    # bound it (it stops the job, Spark kills this task and the rank with it)
     rank.join()
     return codes[0] if codes else EXIT_NOT_LAUNCHED
 

@@ -45,8 +45,8 @@ test-old-end:
 FIND_LINKS ?= /opt/wheels
 lock: setup
 	cat requirements/lock-py3.11.txt requirements/lock-dev-py3.11.txt > .lock-whole.txt
-	$(VENV)/bin/uv pip compile pyproject.toml --extra tensorflow-cpu --extra torch --extra dev \
-	  -c requirements/pins.txt --generate-hashes --python-version 3.11 \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra tensorflow-cpu --extra torch --extra connect \
+	  --extra dev -c requirements/pins.txt --generate-hashes --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --no-header $(if $(UPGRADE),--upgrade) \
 	  --find-links $(FIND_LINKS) -o .lock-whole.txt
 	$(VENV)/bin/uv pip compile pyproject.toml --extra tensorflow-cpu --extra torch \

@@ -199,5 +199,8 @@ def train(
                           "fit_evaluate_seconds": now - fit_started}, step=epochs - 1)
     # (a trial a sweep pruned needs no model: MlflowCallback ended fit early on every rank)
     if log_model and not tracking.was_pruned():  # rank 0 logs it: signature, input example
+        logging_started = time.monotonic()
         tracking.log_model(model, name="model", input_example=x_test[:4])
+        tracking.log_metrics({"log_model_seconds": time.monotonic() - logging_started},
+                             step=epochs - 1)
     return {"test_loss": float(loss), "test_accuracy": float(accuracy), "epochs": epochs}

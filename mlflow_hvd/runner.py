@@ -321,10 +321,14 @@ class HorovodRunner:
         from mlflow_hvd.backends.spark import SparkBackend
 
         if self._spark is not None:
-            master = str(self._spark.sparkContext.master)
-        else:
-            master = self._boot.choice()[1]
-        return {"backend": SparkBackend.name, "spark_master": master}
+            from mlflow_hvd.backends.spark.api import ConnectApi, session_api
+
+            api = session_api(self._spark)
+            facts = {"backend": SparkBackend.name, "spark_master": api.master()}
+            if isinstance(api, ConnectApi):
+                facts["spark_connect"] = api.server_host()
+            return facts
+        return {"backend": SparkBackend.name, "spark_master": self._boot.choice()[1]}
 
     def prepare(self) -> None:
         """Start what ``run`` needs ahead of it: with ``np > 0`` and no SparkSession yet,
@@ -368,15 +372,15 @@ class HorovodRunner:
             frame = feed.fed_frame(np) if feed is not None else None
             return LocalBackend(frame=frame), "127.0.0.1"
         from mlflow_hvd.backends.spark import SparkBackend
+        from mlflow_hvd.backends.spark.api import session_api
 
         spark = self._session()
         if feed is not None:
             feed.check_session(spark)
         frame = feed.fed_frame(np) if feed is not None else None
-        host = spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
         backend = SparkBackend(spark, self.job.slot_timeout, frame,
                                self.cluster.environment_timeout)
-        return backend, resolve_host(host)
+        return backend, resolve_host(session_api(spark).driver_host())
 
 
 

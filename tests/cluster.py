@@ -453,3 +453,29 @@ def tracking_client(cluster: Cluster) -> Iterator[Any]:
         yield mlflow.MlflowClient()
     finally:
         mlflow.set_tracking_uri(old)
+
+
+@contextlib.contextmanager
+def laptop_host() -> Iterator[tuple[str, str]]:
+    """A third host beside the running cluster, as a laptop is: its own network namespace
+    (``mhvd-laptop``), linked by a veth pair to the driver's host only, on a /30 of the next
+    documentation range no route uses. The driver's host reaches it; the nodes have no
+    route to it. Yields (the driver host's address on that link, the laptop's); the
+    namespace and the link are removed on every path (:func:`teardown_leftovers` too)."""
+    link = next(choose_subnet().subnets(new_prefix=30))
+    host_ip, laptop_ip = (str(h) for h in link.hosts())
+    ns, host_end, laptop_end = f"{PREFIX}-laptop", f"{PREFIX}-vl", f"{PREFIX}-pl"
+    try:
+        _ip("netns", "add", ns)
+        _ip("link", "add", host_end, "type", "veth", "peer", "name", laptop_end)
+        _ip("link", "set", laptop_end, "netns", ns)
+        _ip("addr", "add", f"{host_ip}/30", "dev", host_end)
+        _ip("link", "set", host_end, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", ns, "addr", "add", f"{laptop_ip}/30", "dev", laptop_end)
+        _ip("-n", ns, "link", "set", laptop_end, "up")
+        yield host_ip, laptop_ip
+    finally:
+        _kill_namespace(ns)
+        _ip("netns", "del", ns, check=False)
+        _ip("link", "del", host_end, check=False)

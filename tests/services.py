@@ -386,3 +386,68 @@ def alive_workers(ui_url: str) -> list[dict[str, Any]]:
 def applications(ui_url: str) -> list[dict[str, Any]]:
     state = http_json(f"{ui_url}/json/") or {}
     return list(state.get("activeapps", [])) + list(state.get("completedapps", []))
+
+
+class ConnectServer:
+    """A Spark Connect server from pyspark's own ``sbin/start-connect-server.sh`` (``--wait``:
+    in the foreground, in its own session, so that stopping it ends its JVM and executors
+    on every path), on ``master``; its executors run ``python``. ``url`` is the
+    ``sc://`` address a client dials on ``host`` (the server listens on every address),
+    ``ui_url`` the application's web UI (its REST API says which jobs run). The script
+    takes port numbers, not bound sockets: a port taken meanwhile makes it exit
+    (``spark.port.maxRetries=0``), and it is started again on other free ports (three
+    tries)."""
+
+    def __init__(self, master: str, log_dir: Path, python: str = sys.executable,
+                 timeout: float = 120.0, conf: dict[str, str] | None = None,
+                 host: str = "127.0.0.1") -> None:
+        import pyspark
+
+        home = os.path.dirname(pyspark.__file__)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "SPARK_HOME": home, "PYSPARK_PYTHON": python,
+               "SPARK_PID_DIR": str(log_dir), "SPARK_LOG_DIR": str(log_dir),
+               "SPARK_IDENT_STRING": f"mlflow-hvd-tests-{os.getpid()}"}
+        env.pop("PYSPARK_SUBMIT_ARGS", None)
+        settings = {"spark.port.maxRetries": "0", "spark.ui.showConsoleProgress": "false",
+                    **(conf or {})}
+        for attempt in range(3):
+            port, ui = free_port(), free_port()
+            confs = {**settings, "spark.connect.grpc.binding.port": str(port),
+                     "spark.ui.port": str(ui)}
+            log = log_dir / f"connect-server-{attempt}.log"
+            self.proc = start(
+                [os.path.join(home, "sbin", "start-connect-server.sh"), "--wait",
+                 "--master", master,
+                 *[arg for key, value in confs.items() for arg in ("--conf", f"{key}={value}")]],
+                log, env=env)
+            self.url, self.ui_url = f"sc://{host}:{port}", f"http://{host}:{ui}"
+            self.port, self.log = port, log
+            try:
+                wait_until(functools.partial(self._listening, host, port), timeout,
+                           "the Spark Connect server", self.proc)
+            except RuntimeError:  # it exited: a port was taken before it bound it
+                stop_group(self.proc)
+                if attempt == 2:
+                    raise
+                continue
+            except BaseException:
+                stop_group(self.proc)
+                raise
+            return
+
+    @staticmethod
+    def _listening(host: str, port: int) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex((host, port)) == 0
+
+    def running_jobs(self) -> list[dict[str, Any]]:
+        """The server application's running Spark jobs (its REST API)."""
+        (app,) = http_json(f"{self.ui_url}/api/v1/applications") or [None]
+        if app is None:
+            return []
+        return list(http_json(f"{self.ui_url}/api/v1/applications/{app['id']}/jobs"
+                              "?status=running") or [])
+
+    def stop(self) -> None:
+        stop_group(self.proc, grace=10)

@@ -518,3 +518,57 @@ def test_a_pruning_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path:
     assert load.returncode == 0, load.stderr[-3000:]
     shape, rows = load.stdout.split("SHAPE")[-1].rsplit(" ", 1)
     assert shape.strip() == f"({rows.strip()}, 10)", load.stdout
+
+
+CONNECT_START = 30  # the Connect client's start deadline (its executors cannot reach it)
+
+
+def test_a_spark_connect_client_the_executors_cannot_reach_fails_naming_its_address(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A laptop (its own namespace, linked to the driver's host only) dials a Spark Connect
+    server on the driver's host, whose executors are on the nodes: they have no route to
+    the laptop, where the job's channel listens. The job fails within its start deadline,
+    naming the laptop's address and what to do. The session is made as users make it,
+    and found as the active one (no ``spark=``)."""
+    from cluster import PREFIX, laptop_host
+    from services import ConnectServer
+
+    server = ConnectServer(cluster.master_url, tmp_path / "connect", host=cluster.driver_ip, conf={
+        "spark.driver.host": cluster.driver_ip, "spark.driver.bindAddress": cluster.driver_ip,
+        "spark.executor.cores": "2", "spark.executor.memory": "1g",
+        "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2"})
+    try:
+        with laptop_host() as (host_ip, laptop_ip):
+            script = textwrap.dedent(f"""
+                import json, sys, time
+                sys.path.insert(0, {str(TESTS)!r})
+                import workers
+                from pyspark.sql import SparkSession
+                from mlflow_hvd import HorovodRunner, JobConfig, TrackingConfig
+                spark = SparkSession.builder.remote("sc://{host_ip}:{server.port}").getOrCreate()
+                t0 = time.monotonic()
+                try:
+                    HorovodRunner(np=2, job=JobConfig(start_timeout={CONNECT_START}),
+                                  tracking=TrackingConfig(track=False)).run(workers.echo, x=1)
+                    out = {{"value": "ran"}}
+                except Exception as exc:
+                    out = {{"error": type(exc).__name__, "message": str(exc),
+                            "elapsed": time.monotonic() - t0}}
+                print("RESULT " + json.dumps(out))
+            """)
+            env = {k: v for k, v in os.environ.items()
+                   if k not in ("SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS", "MASTER")}
+            proc = subprocess.run(["ip", "netns", "exec", f"{PREFIX}-laptop", sys.executable,
+                                   "-c", script], capture_output=True, text=True, timeout=300,
+                                  env=env, cwd=tmp_path)
+    finally:
+        server.stop()
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, stderr_tail(proc.stderr)
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert "error" in out, out
+    assert out["elapsed"] < CONNECT_START + FAILING_RUN, out
+    assert f"cannot reach the mlflow_hvd driver at {laptop_ip}:" in out["message"], out
+    assert "network is unreachable" in out["message"], out
+    assert (f"On Spark Connect that driver is this client process, at {laptop_ip} (its "
+            f"address on the route to the Connect server {host_ip})") in out["message"], out

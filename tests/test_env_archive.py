@@ -259,6 +259,14 @@ class _FakeContext:
         return self.answers
 
 
+def _classic(context: _FakeContext) -> object:
+    from types import SimpleNamespace
+
+    from mlflow_hvd.backends.spark.api import ClassicApi
+
+    return ClassicApi(SimpleNamespace(sparkContext=context))
+
+
 def test_executors_unpack_a_shipped_environment_once_under_its_own_deadline() -> None:
     from mlflow_hvd.backends.spark.environment import prepare_executors
     from mlflow_hvd.common.environment import current
@@ -266,13 +274,13 @@ def test_executors_unpack_a_shipped_environment_once_under_its_own_deadline() ->
 
     shipped = current(with_packages=False)
     ready = _FakeContext([("node-a", []), ("node-b", [])])
-    prepare_executors(ready, shipped, 4, 10)
-    prepare_executors(ready, shipped, 4, 10)
+    prepare_executors(_classic(ready), shipped, 4, 10)
+    prepare_executors(_classic(ready), shipped, 4, 10)
     assert ready.stages == 1  # once per application and environment
 
     unfit = _FakeContext([("node-a", []), ("node-b", ["python: expected 3.11.7, found 3.12.1"])])
     with pytest.raises(EnvironmentArchiveError) as info:
-        prepare_executors(unfit, shipped, 4, 10)
+        prepare_executors(_classic(unfit), shipped, 4, 10)
     assert str(info.value) == (
         "the environment shipped to the executors does not fit node-b: python: expected "
         "3.11.7, found 3.12.1. Pack it where the executors' Python and platform are the same "
@@ -280,7 +288,7 @@ def test_executors_unpack_a_shipped_environment_once_under_its_own_deadline() ->
 
     stuck = _FakeContext(None)
     with pytest.raises(BackendError) as info:
-        prepare_executors(stuck, shipped, 4, 0.2)
+        prepare_executors(_classic(stuck), shipped, 4, 0.2)
     assert stuck.cancelled == [stuck.group]  # the stage is cancelled, not left running
     assert str(info.value).startswith(
         "the executors did not fetch, unpack and check the shipped environment within 0.2s "
@@ -291,7 +299,7 @@ def test_executors_unpack_a_shipped_environment_once_under_its_own_deadline() ->
         'Job aborted due to stage failure: ...\njava.io.IOException: Cannot run program '
         '"./environment/bin/python": error=2, No such file or directory'))
     with pytest.raises(BackendError) as info:
-        prepare_executors(no_base, shipped, 4, 10)
+        prepare_executors(_classic(no_base), shipped, 4, 10)
     assert str(info.value).startswith(
         "preparing the shipped environment failed: an executor cannot start the shipped "
         f"environment's interpreter ./environment/bin/python: it is a link to "

@@ -148,7 +148,7 @@ def _start_output_threads(
         for stream, kind in ((proc.stdout, Stream.STDOUT), (proc.stderr, Stream.STDERR))
     ]
     def job_end() -> WorkerExited:  # a pooled worker finished one job (and stays up)
-        return WorkerExited(launch.rank, launch.host, 0, time.time())
+        return WorkerExited(launch.rank, launch.host, 0, time.time(), job_end=True)
 
     threads.append(
         threading.Thread(

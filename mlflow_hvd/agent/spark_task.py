@@ -79,34 +79,51 @@ RESULT_SCHEMA = "exit_code int"  # what each barrier task returns: its rank's ex
 
 def barrier_task(job: JobSpec) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """Build the function that ``mapInArrow(..., barrier=True)`` runs in every barrier task:
-    it takes the task's partition as Arrow record batches and yields one batch holding the
-    exit code of the task's rank (``RESULT_SCHEMA``)."""
+    it takes the task's partition as Arrow record batches (the job's data, if any) and
+    yields one batch holding the exit code of the task's rank (``RESULT_SCHEMA``)."""
 
     def run_task(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
-        from pyspark import BarrierTaskContext
 
-        if job.log_level:  # the driver's lifecycle log level: into the executor's stderr
-            logs.enable(job.log_level)
-        ctx = BarrierTaskContext.get()
-        partition = ctx.partitionId()
-        # every task's executor address, known to each task without a round trip (an
-        # allGather costs about a second: it polls every second)
-        slots = assign_slots([info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()])
-        client = ChannelClient(job.driver_host, job.channel_port, job.secret, job.channel_timeout)
-        try:
-            differences = environment_differences(job.environment)
-            if differences:  # the driver fails the job on the first of these
-                client.send(EnvironmentMismatch(partition, socket.gethostname(), differences))
-                yield _exit_code_batch(pa, EXIT_NOT_LAUNCHED)
-                return
-            with task_feeding(job.feed, ctx, batches, client.send) as feed:
-                code = _report_and_run(job, ctx, client, slots, partition, feed)
-        finally:
-            client.close()
-        yield _exit_code_batch(pa, code)
+        yield _exit_code_batch(pa, _task(job, batches))
 
     return run_task
+
+
+def barrier_partition_task(job: JobSpec) -> Callable[[Iterable[Any]], Iterator[int]]:
+    """The same task for an RDD barrier stage (``sc.parallelize(range(np), np).barrier()
+    .mapPartitions``), which a job without data runs on a classic session: it yields the
+    exit code of the task's rank. Its partition's one number is not read."""
+
+    def run_task(rows: Iterable[Any]) -> Iterator[int]:
+        del rows
+        yield _task(job, ())
+
+    return run_task
+
+
+def _task(job: JobSpec, batches: Iterable[Any]) -> int:
+    """The barrier task's work: check the host, feed the job's data (``batches``) and run
+    the task's rank; returns the rank's exit code (``EXIT_NOT_LAUNCHED`` when none ran)."""
+    from pyspark import BarrierTaskContext
+
+    if job.log_level:  # the driver's lifecycle log level: into the executor's stderr
+        logs.enable(job.log_level)
+    ctx = BarrierTaskContext.get()
+    partition = ctx.partitionId()
+    # every task's executor address, known to each task without a round trip (an
+    # allGather costs about a second: it polls every second)
+    slots = assign_slots([info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()])
+    client = ChannelClient(job.driver_host, job.channel_port, job.secret, job.channel_timeout)
+    try:
+        differences = environment_differences(job.environment)
+        if differences:  # the driver fails the job on the first of these
+            client.send(EnvironmentMismatch(partition, socket.gethostname(), differences))
+            return EXIT_NOT_LAUNCHED
+        with task_feeding(job.feed, ctx, batches, client.send) as feed:
+            return _report_and_run(job, ctx, client, slots, partition, feed)
+    finally:
+        client.close()
 
 
 def _exit_code_batch(pa: Any, code: int) -> Any:

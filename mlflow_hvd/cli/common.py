@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from mlflow_hvd.common.config import ClusterConfig, JobConfig, check_ship_environment
-from mlflow_hvd.errors import ConfigurationError, Terminated
+from mlflow_hvd.errors import ConfigurationError, MlflowHvdError, Terminated
 
 DEFAULT_TRAIN = "examples/digits_keras.py:train"
 DEFAULT_STORE = "sqlite:///mlflow.db"
@@ -69,6 +69,20 @@ def use_default_store() -> str:
     if "MLFLOW_TRACKING_URI" not in os.environ:
         mlflow.set_tracking_uri(DEFAULT_STORE)
     return str(mlflow.get_tracking_uri())
+
+
+def complete_environment() -> int:
+    """The MLproject's environment completed first (:func:`mlflow_hvd.cli.project_env.complete`:
+    this project and Horovod installed where ``mlflow run`` made the environment, else
+    checked): 0, or 1 having said why on stderr."""
+    from mlflow_hvd.cli import project_env
+
+    try:
+        project_env.complete()
+    except MlflowHvdError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def prepare_environment() -> None:

@@ -1,5 +1,6 @@
-"""The first step of every MLproject entry point: completes the environment ``mlflow run``
-made for this project with what a pip requirements list cannot install.
+"""The first step of every MLproject entry point (:func:`complete`, called by ``cli.train``
+and ``cli.sweep`` in their own interpreter): completes the environment ``mlflow run`` made
+for this project with what a pip requirements list cannot install.
 
 MLflow's ``virtualenv`` and ``uv`` environment managers create an environment from
 ``python_env.yaml`` (the locked requirements). Two things are left: this project itself
@@ -17,6 +18,7 @@ MLflow.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -64,19 +66,31 @@ def install_project(project: Path) -> None:
         raise InstallError(f"`{' '.join(cmd)}` failed (exit {done.returncode})")
 
 
+def complete() -> None:
+    """In an environment MLflow created: install this project (editable) and Horovod when
+    missing, saying what was installed; in the user's own environment: check that Horovod is
+    there. The entry points (``cli.train``, ``cli.sweep``) call it first, in their own
+    interpreter.
+
+    Raises:
+        MlflowHvdError: An install failed, or Horovod is missing or unusable here.
+    """
+    if mlflow_managed():
+        if not installed_from(PROJECT):
+            install_project(PROJECT)
+            print(f"mlflow_hvd: installed {PROJECT} (editable) into {sys.prefix}", flush=True)
+        changed, report = horovod.ensure()
+        if changed:
+            importlib.invalidate_caches()  # this process imports Horovod next
+            print(f"mlflow_hvd: {report}", flush=True)
+    else:
+        compat.check_horovod(tensorflow=True, where=f" (in {sys.prefix})")
+
+
 def main(argv: list[str] | None = None) -> int:
     del argv
     try:
-        if mlflow_managed():
-            if not installed_from(PROJECT):
-                install_project(PROJECT)
-                print(f"mlflow_hvd: installed {PROJECT} (editable) into {sys.prefix}",
-                      flush=True)
-            changed, report = horovod.ensure()
-            if changed:
-                print(f"mlflow_hvd: {report}", flush=True)
-        else:
-            compat.check_horovod(tensorflow=True, where=f" (in {sys.prefix})")
+        complete()
     except MlflowHvdError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

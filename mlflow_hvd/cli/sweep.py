@@ -18,6 +18,7 @@ import sys
 from mlflow_hvd.cli.common import (
     DEFAULT_TRAIN,
     add_runner_options,
+    complete_environment,
     exit_now,
     exit_status,
     load_function,
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigurationError, OSError, json.JSONDecodeError) as exc:
         print(f"invalid sweep parameters: {exc}", file=sys.stderr)
         return 2
+    status = complete_environment()
+    if status:
+        return status
     prepare_environment()
     use_default_store()
     result = sweep(

@@ -25,6 +25,7 @@ from typing import Any
 from mlflow_hvd.cli.common import (
     DEFAULT_TRAIN,
     add_runner_options,
+    complete_environment,
     exit_now,
     exit_status,
     load_function,
@@ -148,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("invalid parameters:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
+    status = complete_environment()
+    if status:
+        return status
     prepare_environment()
     from mlflow_hvd import HorovodRunner
 

@@ -116,6 +116,8 @@ def split_frames(kwargs: Mapping[str, Any], spark: Any = None,
 
 
 def _check_sessions(found: list[tuple[str, Any]], spark: Any) -> None:
+    from mlflow_hvd.backends.spark.api import session_api
+
     for argument, frame in found:
         session = frame.sparkSession
         if spark is not None and session is not spark:
@@ -123,9 +125,7 @@ def _check_sessions(found: list[tuple[str, Any]], spark: Any) -> None:
                 f"the DataFrame passed as {argument}= belongs to another SparkSession than "
                 "the one this HorovodRunner runs on: build it from that session (or pass "
                 "HorovodRunner(spark=<its session>))")
-        jsc = getattr(session.sparkContext, "_jsc", None) if hasattr(
-            session, "sparkContext") else True
-        if jsc is None:
+        if session_api(session).stopped():
             raise DataInputError(
                 f"the DataFrame passed as {argument}= belongs to a SparkSession that was "
                 "stopped: build it again from an active session")
@@ -169,7 +169,13 @@ def _column_kind(argument: str, name: str, data_type: Any) -> tuple[ColumnKind, 
 
 def _project(argument: str, tag: int, frame: Any, fields: dict[tuple[int, str], str],
              tagged: bool) -> tuple[FrameSpec, tuple[Any, ...]]:
-    from pyspark.sql import functions as F
+    # the functions of the frame's own kind: pyspark's shared ones pick classic or Connect
+    # by a process-wide switch that a Connect session made by its own builder leaves unset
+    connect = type(frame).__module__.startswith("pyspark.sql.connect")
+    if connect:
+        from pyspark.sql.connect.functions import builtin as F
+    else:
+        from pyspark.sql import functions as F  # type: ignore[no-redef]
 
     schema = frame.schema
     if not schema.fields:
@@ -185,8 +191,10 @@ def _project(argument: str, tag: int, frame: Any, fields: dict[tuple[int, str], 
         field = fields[(tag, f.name)]
         expr = F.col(f"`{f.name}`")
         if type(f.dataType).__name__ == "VectorUDT":
-            from pyspark.ml.functions import vector_to_array
-
+            if connect:
+                from pyspark.ml.connect.functions import vector_to_array
+            else:
+                from pyspark.ml.functions import vector_to_array
             expr = vector_to_array(expr, "float64")
         projection.append(expr.alias(field))
         columns.append(Column(f.name, kind, dtype, field))

@@ -114,6 +114,7 @@ class Generation:
         self._cond = threading.Condition()
         self._job: Job | None = None
         self._waiting: set[int] = set()  # ranks whose AwaitJob is open
+        self._idle: set[int] = set()  # ranks whose job ended since the last hand-out
         self._handed = 0  # jobs handed out after the first: a waiting rank's ticket
         ensure_open_files(np)
         self.rendezvous = Rendezvous(np, driver_host)
@@ -199,6 +200,7 @@ class Generation:
                     )
                 self._cond.wait(deadline.slice(0.1))
             self._drain_idle_messages()
+            self._idle.clear()
             self.rendezvous.reset()  # a fresh round for Horovod's next init
             self._job = job
             self._handed += 1
@@ -234,11 +236,19 @@ class Generation:
                  self.name, rank, idle.seconds)
 
     def _noting_idle_exits(self, route: Callable[[object], None]) -> Callable[[object], None]:
-        """``route``, and a log line when a rank that waits for the next job ends (the next
-        ``hand_out`` then refuses this generation)."""
+        """``route``, and a log line when a rank whose job ended (it waits, or is about to
+        wait, for the next job) ends itself (the next ``hand_out`` then refuses this
+        generation). A pooled worker's report that its job ended is not such an end (its
+        rank may ask for the next job before that report arrives), nor is a rank's exit once
+        the generation retires its ranks."""
 
         def on_message(message: object) -> None:
-            if isinstance(message, WorkerExited) and message.rank in self._waiting:
+            if not isinstance(message, WorkerExited):
+                pass
+            elif message.job_end:
+                self._idle.add(message.rank)
+            elif self.state is GenerationState.SERVING and (
+                    message.rank in self._waiting or message.rank in self._idle):
                 log.info("%s: rank %d on %s ended between jobs (exit %d); the next job "
                          "starts new ranks", self.name, message.rank, message.host,
                          message.exit_code)
@@ -248,13 +258,14 @@ class Generation:
 
     def _gone_between_jobs(self) -> str:
         """A description of ranks that ended while idle (their exit reports queued)."""
-        found = []
+        found: dict[int, str] = {}  # rank -> what is known of its end (its exit, if seen)
         for message in list(self.events.queue):
-            if isinstance(message, WorkerExited):
-                found.append(f"rank {message.rank} on {message.host} (exit {message.exit_code})")
+            if isinstance(message, WorkerExited) and not message.job_end:
+                found[message.rank] = (f"rank {message.rank} on {message.host} "
+                                       f"(exit {message.exit_code})")
             elif isinstance(message, RankDisconnected | WorkerError):
-                found.append(f"rank {message.rank}")
-        return "; ".join(found)
+                found.setdefault(message.rank, f"rank {message.rank}")
+        return "; ".join(found[rank] for rank in sorted(found))
 
     def _drain_idle_messages(self) -> None:
         """Messages that arrived between jobs (stray output) belong to no job: drop them."""

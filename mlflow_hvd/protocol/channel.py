@@ -20,6 +20,7 @@ connection.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import logging
@@ -60,6 +61,11 @@ RETRY_PAUSE_MAX = 2.0
 GONE = (ConnectionRefusedError, EOFError, socket.gaierror)
 
 
+def _no_route(exc: BaseException) -> bool:
+    """This host has no route to the driver's address at all (``ENETUNREACH``)."""
+    return isinstance(exc, OSError) and exc.errno == errno.ENETUNREACH
+
+
 def connect_failure(exc: BaseException) -> str:
     """Why a connection to the driver failed, in words that say what to check."""
     if isinstance(exc, HandshakeTimeout):
@@ -76,6 +82,9 @@ def connect_failure(exc: BaseException) -> str:
                 "drops it, or the driver's listen backlog is full)")
     if isinstance(exc, socket.gaierror):
         return f"the driver's host name does not resolve here: {exc}"
+    if _no_route(exc):
+        return ("network is unreachable: this host has no route to the driver's address "
+                "(the driver is on a network the executors are not on)")
     if isinstance(exc, ConnectionResetError):
         return ("connection reset: the driver's host refused it (its listen backlog "
                 "overflowed, or the driver is exiting)")
@@ -212,7 +221,7 @@ class ChannelClient:
                 if sock is not None:
                     sock.close()
                 cause = exc
-                if isinstance(exc, GONE):  # the driver is not there: waiting cannot help
+                if isinstance(exc, GONE) or _no_route(exc):  # waiting cannot help
                     break
             pause_now = min(pause * random.uniform(0.5, 1.5), deadline - time.monotonic())
             if pause_now <= 0:

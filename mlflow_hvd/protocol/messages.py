@@ -210,6 +210,7 @@ class WorkerExited(FromRank):
     exit_code: int
     timestamp: float
     stopped: bool = False  # True when the agent ended it because it was asked to stop
+    job_end: bool = False  # a pooled worker finished its job and stays up (not an exit)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ import dataclasses
 import threading
 from typing import Any
 
-from mlflow_hvd.agent.spark_task import RESULT_SCHEMA, barrier_task
+from mlflow_hvd.agent.spark_task import RESULT_SCHEMA, barrier_partition_task, barrier_task
+from mlflow_hvd.backends.spark.api import ConnectApi, session_api
 from mlflow_hvd.backends.spark.environment import prepare_executors
 from mlflow_hvd.backends.spark.failures import summarize_spark_error
 from mlflow_hvd.backends.spark.session import (
@@ -20,15 +21,17 @@ from mlflow_hvd.protocol.messages import BackendFinished, Sink
 
 
 class SparkBackend:
-    """Submits ``frame.mapInArrow(task, barrier=True)`` under a job group, over a DataFrame
-    of exactly ``np`` partitions: ``spark.range(np)`` for a job without data (one row per
-    task), else the job's DataFrames projected into one (``frame``, from
-    :mod:`mlflow_hvd.driver.feed`), whose partitions the tasks write locally for their
-    ranks (as ``JobSpec.feed`` says). The DataFrame API's barrier
-    stage is the one Spark Connect sessions have too.
+    """Submits one barrier stage of ``np`` tasks under the job's id (a job group on a
+    classic session, an operation tag on a Spark Connect one; :mod:`.api`). A job with data
+    runs ``frame.mapInArrow(task, barrier=True)`` over its DataFrames projected into one of
+    exactly ``np`` partitions (``frame``, from :mod:`mlflow_hvd.driver.feed`), whose
+    partitions the tasks write locally for their ranks (as ``JobSpec.feed`` says). A job
+    without data runs the same task as an RDD barrier stage over ``range(np)`` on a classic
+    session (the first job of a new JVM starts its tasks about 0.6 s sooner than through the
+    DataFrame API, docs/benchmarks.md), over ``spark.range(np)`` on a Connect one.
 
-    ``stop`` cancels the job group; Spark then kills the tasks' Python workers, whose own
-    worker processes die with them (parent-death signal).
+    ``stop`` cancels the job group (interrupts the tag); Spark then kills the tasks' Python
+    workers, whose own worker processes die with them (parent-death signal).
     """
 
     name = "spark"
@@ -37,22 +40,23 @@ class SparkBackend:
                  environment_timeout: float = 600.0) -> None:
         self._spark = spark
         self._frame = frame  # the job's data, in exactly np partitions (None: no data)
-        self._sc = spark.sparkContext
+        self._api = session_api(spark)
         self._slot_timeout = slot_timeout
         self._environment_timeout = environment_timeout
         self._thread: threading.Thread | None = None
         self._job_id: str | None = None
 
     def start(self, job: JobSpec, sink: Sink) -> None:
-        check_barrier_supported(self._sc.getConf())
-        check_executor_env(self._sc.getConf())
-        slots = wait_for_slots(self._sc, job.np, self._slot_timeout)
+        conf = self._api.conf()
+        check_barrier_supported(conf)
+        check_executor_env(conf)
+        slots = wait_for_slots(self._api, job.np, self._slot_timeout)
         self._job_id = job.job_id
         # an environment shipped with the session: unpacked on every executor first (not
         # against the start deadline), and every task checks it fits its host
-        environment = shipped_environment(self._sc.getConf())
+        environment = shipped_environment(conf)
         if environment is not None:
-            prepare_executors(self._sc, environment, slots, self._environment_timeout)
+            prepare_executors(self._api, environment, slots, self._environment_timeout)
         job = dataclasses.replace(job, environment=environment)
         self._thread = threading.Thread(
             target=self._submit,
@@ -64,19 +68,31 @@ class SparkBackend:
 
     def _submit(self, job: JobSpec, sink: Sink) -> None:
         try:
-            # Job group properties are thread-local: set them in the submitting thread.
-            self._sc.setJobGroup(job.job_id, job.description, interruptOnCancel=True)
-            frame = (self._frame if self._frame is not None
-                     else self._spark.range(0, job.np, 1, job.np))
-            frame.mapInArrow(barrier_task(job), RESULT_SCHEMA, barrier=True).collect()
+            # job groups and tags are thread-local: set in the submitting thread
+            with self._api.tagged(job.job_id, job.description):
+                if self._frame is None and self._api.kind == "classic":
+                    self._api.barrier_tasks(job.np, barrier_partition_task(job)).collect()
+                else:
+                    frame = (self._frame if self._frame is not None
+                             else self._spark.range(0, job.np, 1, job.np))
+                    frame.mapInArrow(barrier_task(job), RESULT_SCHEMA, barrier=True).collect()
         except Exception as exc:
-            sink(BackendFinished(error=summarize_spark_error(exc, job.environment)))
+            error = summarize_spark_error(exc, job.environment)
+            if (isinstance(self._api, ConnectApi)
+                    and "cannot reach the mlflow_hvd driver at " in error):
+                error += (
+                    f" On Spark Connect that driver is this client process, at "
+                    f"{job.driver_host} (its address on the route to the Connect server "
+                    f"{self._api.server_host()}): the executors must be able to open "
+                    "connections to it. Run the client where they can (a notebook or job on "
+                    "the cluster, or the Connect server's host)")
+            sink(BackendFinished(error=error))
         else:
             sink(BackendFinished())
 
     def stop(self) -> None:
         if self._job_id is not None:
-            self._sc.cancelJobGroup(self._job_id)
+            self._api.cancel(self._job_id)
 
     def wait(self, timeout: float) -> bool:
         if self._thread is None:
@@ -92,4 +108,7 @@ class SparkBackend:
             self.wait(60.0)
 
     def describe(self) -> dict[str, str]:
-        return {"backend": self.name, "spark_master": str(self._sc.master)}
+        facts = {"backend": self.name, "spark_master": self._api.master()}
+        if isinstance(self._api, ConnectApi):
+            facts["spark_connect"] = self._api.server_host()
+        return facts

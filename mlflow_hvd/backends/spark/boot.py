@@ -143,9 +143,17 @@ def refuse_unshipped(session: Any, ship: bool | str) -> None:
     already ship an environment (its ``spark.archives``)."""
     if ship is False:
         return
+    from mlflow_hvd.backends.spark.api import ConnectApi, session_api
     from mlflow_hvd.common.env_archive import shipped_archive
 
-    conf = session.sparkContext.getConf()
+    api = session_api(session)
+    if isinstance(api, ConnectApi):
+        raise ConfigurationError(
+            "ship_environment is not supported on a Spark Connect session yet: the Connect "
+            f"server's executors (master {api.master()}) must already have this "
+            "environment (a cluster image or init script with mlflow_hvd, Horovod and "
+            "your framework), and ship_environment left false")
+    conf = api.conf()
     if shipped_archive(conf.get("spark.archives", "") or "") is None:
         raise ConfigurationError(
             "ship_environment applies to the SparkSession HorovodRunner builds, and this "

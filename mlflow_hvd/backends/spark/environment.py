@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from mlflow_hvd.backends.spark.api import SessionApi
 from mlflow_hvd.backends.spark.failures import summarize_spark_error
 from mlflow_hvd.errors import BackendError, unfit_environment
 from mlflow_hvd.protocol.environment import EnvironmentFingerprint
@@ -43,9 +44,22 @@ def _check_on_executor(shipped: EnvironmentFingerprint
     return check
 
 
-def prepare_executors(sc: Any, shipped: EnvironmentFingerprint, slots: int,
+def _check_as_arrow(shipped: EnvironmentFingerprint
+                    ) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    check = _check_on_executor(shipped)
+
+    def as_arrow(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for host, differences in check(batches):
+            yield pa.RecordBatch.from_pylist([{"host": host, "differences": differences}])
+
+    return as_arrow
+
+
+def prepare_executors(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
                       timeout: float) -> None:
-    """Have every executor of ``sc`` unpack and check the shipped environment (once per
+    """Have every executor of ``api``'s session unpack and check the shipped environment (once per
     application and environment).
 
     Raises:
@@ -53,13 +67,13 @@ def prepare_executors(sc: Any, shipped: EnvironmentFingerprint, slots: int,
         BackendError: Not done within ``timeout`` seconds, or the stage failed (e.g. an
             executor cannot start the shipped interpreter).
     """
-    key = (str(sc.applicationId), shipped.dumps())
+    key = (api.application_id(), shipped.dumps())
     with _lock:
         if key in _ready:
             return
         started = time.monotonic()
         log.info("shipped environment: %d tasks unpack and check it on the executors", slots)
-        hosts = _run_stage(sc, shipped, slots, timeout)
+        hosts = _run_stage(api, shipped, slots, timeout)
         unfit = {host: differences for host, differences in hosts if differences}
         if unfit:
             host, differences = sorted(unfit.items())[0]
@@ -70,17 +84,22 @@ def prepare_executors(sc: Any, shipped: EnvironmentFingerprint, slots: int,
                  ", ".join(sorted({h for h, _ in hosts})), time.monotonic() - started)
 
 
-def _run_stage(sc: Any, shipped: EnvironmentFingerprint, slots: int,
+def _run_stage(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
                timeout: float) -> list[tuple[str, list[str]]]:
     group = f"mlflow-hvd-environment-{uuid.uuid4().hex[:12]}"
     done: dict[str, Any] = {}
 
     def submit() -> None:
-        try:  # job group properties are thread-local: set them in the submitting thread
-            sc.setJobGroup(group, "mlflow_hvd: unpack and check the shipped environment",
-                           interruptOnCancel=True)
-            done["hosts"] = (sc.parallelize(range(slots), slots)
-                             .mapPartitions(_check_on_executor(shipped)).collect())
+        try:  # job groups and tags are thread-local: set in the submitting thread
+            with api.tagged(group, "mlflow_hvd: unpack and check the shipped environment"):
+                if api.kind == "classic":
+                    done["hosts"] = api.parallel_tasks(
+                        slots, _check_on_executor(shipped)).collect()
+                else:  # Spark Connect: DataFrames only
+                    rows = api.session.range(0, slots, 1, slots).mapInArrow(
+                        _check_as_arrow(shipped), "host string, differences array<string>"
+                    ).collect()
+                    done["hosts"] = [(row.host, row.differences) for row in rows]
         except Exception as exc:  # handed to the caller
             done["error"] = exc
 
@@ -88,7 +107,7 @@ def _run_stage(sc: Any, shipped: EnvironmentFingerprint, slots: int,
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        sc.cancelJobGroup(group)
+        api.cancel(group)
         thread.join(30)
         raise BackendError(
             f"the executors did not fetch, unpack and check the shipped environment within "

@@ -19,7 +19,8 @@ They are passed as ``spark.driver.defaultJavaOptions``, which Spark puts before
 ``MLFLOW_HVD_SPARK_JAVA_OPTIONS`` replaces them (set it empty for Spark's defaults). A
 missing or stale archive costs nothing but the speed: the JVM checks the archive's Java
 build and class path and starts without it when they differ, and the file name carries a
-hash of both, so an upgraded Java or Spark looks for a new archive.
+hash of both and of what its build runs, so an upgraded Java or Spark looks for a new
+archive.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ from mlflow_hvd.errors import BackendError, ConfigurationError
 log = logging.getLogger(__name__)
 
 OPTIONS_ENV = "MLFLOW_HVD_SPARK_JAVA_OPTIONS"
+# What the archive's build runs (:func:`_dump`), part of its name: a new workload, a new
+# archive (``make setup`` builds it)
+WORKLOAD = "session, RDD barrier stage, barrier mapInArrow"
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 
 
@@ -73,7 +77,7 @@ def archive_path(env: Mapping[str, str] = os.environ) -> Path | None:
     if java is None or not jars.is_dir():
         return None
     real_java = os.path.realpath(java)
-    digest = hashlib.sha256(real_java.encode())
+    digest = hashlib.sha256(f"{WORKLOAD}\n{real_java}".encode())
     release = Path(real_java).parents[1] / "release"  # the JDK's build identity
     digest.update(release.read_bytes() if release.is_file() else str(os.stat(real_java)).encode())
     for entry in sorted(os.scandir(jars), key=lambda e: e.name):
@@ -175,7 +179,10 @@ def _dump(partial: str, timeout: float) -> None:
         .config("spark.driver.defaultJavaOptions", f"-XX:ArchiveClassesAtExit={partial}")
         .getOrCreate()
     )
-    # the launcher's own stage: a barrier mapInArrow over spark.range (backends/spark/backend)
+    # the launcher's own stages (backends/spark/backend): an RDD barrier stage (a job without
+    # data) and a barrier mapInArrow (a job with DataFrames)
+    spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(
+        lambda rows: rows).collect()
     spark.range(0, 2, 1, 2).mapInArrow(lambda batches: batches, "id long", barrier=True).collect()
     spark.stop()
     gateway = SparkContext._gateway

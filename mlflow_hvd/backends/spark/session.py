@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from mlflow_hvd.backends.spark import jvm
+from mlflow_hvd.backends.spark.api import SessionApi, active_session, session_api
 from mlflow_hvd.backends.spark.master import AUTO, check_reachable, choose_master
 from mlflow_hvd.common.env_archive import fingerprint_of_archive, shipped_archive
 from mlflow_hvd.common.horovod_env import refuse_owned
@@ -45,12 +46,10 @@ def resolve_master(np: int, spark_master: str | None = None, timeout: float = 30
     Raises:
         ConfigurationError, BackendError: As :func:`get_or_create_session`.
     """
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
+    active = active_session()
     choice = choose_master(spark_master, os.environ)
     if active is not None:
-        running = str(active.sparkContext.master)
+        running = session_api(active).master()
         if spark_master and spark_master != AUTO and spark_master != running:
             raise ConfigurationError(
                 f"spark_master={spark_master!r} but this process already has a SparkSession "
@@ -129,13 +128,6 @@ def check_barrier_supported(conf: Any) -> None:
         )
 
 
-def task_slots(sc: Any) -> int:
-    """How many tasks the cluster can run at once right now (executors x cores / task cpus)."""
-    jsc = sc._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    return int(jsc.maxNumConcurrentTasks(profile))
-
-
 def expected_slots(master: str, conf: Any) -> int | None:
     """Slots the cluster will offer once every executor is up, when the master tells it.
 
@@ -157,23 +149,85 @@ def expected_slots(master: str, conf: Any) -> int | None:
     return None
 
 
-def wait_for_slots(sc: Any, np: int, timeout: float) -> int:
+def wait_for_slots(api: SessionApi, np: int, timeout: float) -> int:
     """Wait up to ``timeout`` seconds (executors may still be registering) for ``np`` slots.
 
-    Fails at once when the master's own size shows that ``np`` slots can never exist.
+    Fails at once when the master's own size shows that ``np`` slots can never exist. A
+    Spark Connect session cannot count registered slots: the master's declared size
+    answers, else a probe (:func:`probe_slots`).
 
     Raises:
         InsufficientSlotsError: Fewer than ``np`` slots after the wait.
     """
     deadline = time.monotonic() + timeout
-    ceiling = expected_slots(str(sc.master), sc.getConf())
+    master, conf = api.master(), api.conf()
+    ceiling = expected_slots(master, conf)
     while True:
-        slots = task_slots(sc)
+        slots = api.task_slots()
+        if slots is None:  # Spark Connect
+            if ceiling is not None and ceiling >= np:
+                return ceiling
+            if ceiling is None:
+                return probe_slots(api, np, timeout)
+            slots = 0
         if slots >= np:
             return slots
         if (ceiling is not None and ceiling < np) or time.monotonic() >= deadline:
-            raise InsufficientSlotsError(_slots_message(sc, np, slots, ceiling, timeout))
+            raise InsufficientSlotsError(_slots_message(api, np, slots, ceiling, timeout))
         time.sleep(0.25)
+
+
+_probed: dict[tuple[str, int], int] = {}  # (application id, np) -> slots a probe confirmed
+
+
+def probe_slots(api: SessionApi, np: int, timeout: float) -> int:
+    """``np`` when a barrier stage of ``np`` no-op tasks runs within ``timeout`` seconds (once
+    per application and ``np``): how a Spark Connect client, which cannot ask the scheduler,
+    learns that ``np`` tasks can run at once on a cluster whose master declares no size.
+
+    Raises:
+        InsufficientSlotsError: The probe did not run within ``timeout``.
+    """
+    key = (api.application_id(), np)
+    if key in _probed:
+        return _probed[key]
+    import threading
+    import uuid
+
+    tag = f"mlflow-hvd-slots-{uuid.uuid4().hex[:12]}"
+    done: dict[str, Any] = {}
+
+    def probe() -> None:
+        try:
+            with api.tagged(tag, f"mlflow_hvd: can {np} tasks run at once?"):
+                api.session.range(0, np, 1, np).mapInArrow(
+                    _no_op, "id long", barrier=True).collect()
+            done["ok"] = True
+        except Exception as exc:  # handed to the caller
+            done["error"] = exc
+
+    thread = threading.Thread(target=probe, name="mlflow-hvd-slot-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        api.cancel(tag)
+        thread.join(30)
+    if not done.get("ok"):
+        why = (f"{type(done['error']).__name__}: {str(done['error']).splitlines()[0]}"
+               if "error" in done else f"not done within {timeout:g}s")
+        raise InsufficientSlotsError(
+            f"np={np} needs {np} concurrent barrier task slots, and a barrier stage of {np} "
+            f"no-op tasks on the Spark cluster (master {api.master()}) did not run: {why}. "
+            "(A Spark Connect client cannot count the cluster's slots; it probes when the "
+            "master declares no size, e.g. spark.executor.instances and "
+            "spark.executor.cores.) Lower np, add executors or cores, or raise "
+            "HorovodRunner(job=JobConfig(slot_timeout=...)) if executors are still starting")
+    _probed[key] = np
+    return np
+
+
+def _no_op(batches: Any) -> Any:
+    yield from batches
 
 
 def session_slots(session: Any, np: int, timeout: float) -> tuple[int, str]:
@@ -186,12 +240,12 @@ def session_slots(session: Any, np: int, timeout: float) -> tuple[int, str]:
         InsufficientSlotsError: The master's size, or the slots after the wait, fall short
             of ``np``.
     """
-    sc = session.sparkContext
-    master = str(sc.master)
-    ceiling = expected_slots(master, sc.getConf())
+    api = session_api(session)
+    master = api.master()
+    ceiling = expected_slots(master, api.conf())
     if ceiling is not None and ceiling >= np:
         return ceiling, master
-    return wait_for_slots(sc, np, timeout), master
+    return wait_for_slots(api, np, timeout), master
 
 
 def _task_resources(conf: Any) -> dict[str, str]:
@@ -204,11 +258,12 @@ def _task_resources(conf: Any) -> dict[str, str]:
     return found
 
 
-def _slots_message(sc: Any, np: int, slots: int, ceiling: int | None, timeout: float) -> str:
-    conf = sc.getConf()
+def _slots_message(api: SessionApi, np: int, slots: int, ceiling: int | None,
+                   timeout: float) -> str:
+    conf = api.conf()
     text = (
         f"np={np} needs {np} concurrent barrier task slots but the Spark cluster (master "
-        f"{sc.master}) offers {slots}"
+        f"{api.master()}) offers {slots}"
         + (
             f" and can offer at most {ceiling}"
             if ceiling is not None and ceiling < np
@@ -228,7 +283,7 @@ def _slots_message(sc: Any, np: int, slots: int, ceiling: int | None, timeout: f
             f"{conf.get(f'spark.executor.resource.{name}.amount', 'unset')})"
             for name, amount in resources.items()
         ) + ": too few are assigned for np tasks at once; lower np or add executors with them"
-    if slots == 0:
+    if slots == 0 and api.kind == "classic":
         text += (
             ". No executor has registered at all: check that the cluster's workers are alive "
             "and can connect back to the driver at "

@@ -65,8 +65,9 @@ def run_tags(np: int, backend: Mapping[str, str]) -> dict[str, str]:
         f"{TAG_PREFIX}tensorflow_version": _tensorflow_version(),
         f"{TAG_PREFIX}python_version": platform.python_version(),
     }
-    if "spark_master" in backend:
-        tags[f"{TAG_PREFIX}spark_master"] = backend["spark_master"]
+    for fact in ("spark_master", "spark_connect"):  # the Connect server's host, if any
+        if fact in backend:
+            tags[f"{TAG_PREFIX}{fact}"] = backend[fact]
     return tags
 
 

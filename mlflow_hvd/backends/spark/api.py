@@ -1,0 +1,237 @@
+"""One face over the two kinds of SparkSession the runner drives.
+
+A **classic** session has a SparkContext in this process (py4j to a driver JVM beside it): its
+configuration, job groups, task slots and RDDs. A **Spark Connect** session
+(``SparkSession.builder.remote("sc://...")``, ``spark.api.mode=connect``, Databricks Connect
+and its standard and serverless compute) is a gRPC client of a server elsewhere, with no
+SparkContext: it has the DataFrame API, the session's runtime configuration, operation tags
+(``addTag``/``interruptTag``) and session artifacts (``addArtifacts``). The barrier stage,
+cancellation and the checks before it go through :func:`session_api`, so the backend does not
+ask which kind it drives.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from mlflow_hvd.errors import BackendError
+
+
+def is_connect(session: Any) -> bool:
+    """True for a Spark Connect session (no SparkContext; without importing its client)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def active_session() -> Any:
+    """The active (else the default) SparkSession of this process, classic or Spark Connect;
+    None when there is none. Connect's client module is looked at only if it is loaded (a
+    Connect session exists only then): a classic-only install never imports it."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    if connect is None:
+        return None
+    session = connect.SparkSession.getActiveSession()
+    if session is None:  # active is per thread; the default is the process's first session
+        try:
+            session = connect.SparkSession.active()
+        except Exception:  # no active nor default session: pyspark raises, not returns None
+            return None
+    return session
+
+
+class ClassicApi:
+    """A classic session: its SparkContext's configuration, job groups and slots."""
+
+    kind = "classic"
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self._sc = session.sparkContext
+
+    def master(self) -> str:
+        return str(self._sc.master)
+
+    def conf(self) -> Any:
+        """The application's configuration (``get(key, default)``, ``getAll()``)."""
+        return self._sc.getConf()
+
+    def application_id(self) -> str:
+        return str(self._sc.applicationId)
+
+    def stopped(self) -> bool:
+        return getattr(self._sc, "_jsc", None) is None
+
+    def task_slots(self) -> int | None:
+        """Tasks the cluster can run at once right now (executors x cores / task cpus)."""
+        jsc = self._sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+
+    def driver_host(self) -> str:
+        """Where executors reach this process: Spark's own ``spark.driver.host``."""
+        return str(self.conf().get("spark.driver.host") or "127.0.0.1")
+
+    @contextmanager
+    def tagged(self, tag: str, description: str) -> Iterator[None]:
+        """The Spark jobs this thread starts inside belong to ``tag`` (a job group, which
+        :meth:`cancel` kills; its properties are thread-local: call it in a thread that
+        submits only this work)."""
+        self._sc.setJobGroup(tag, description, interruptOnCancel=True)
+        yield
+
+    def cancel(self, tag: str) -> None:
+        self._sc.cancelJobGroup(tag)
+
+    def parallel_tasks(self, count: int, fn: Any) -> Any:
+        """``count`` tasks, each running ``fn(rows)`` over one number of ``range(count)``."""
+        return self._sc.parallelize(range(count), count).mapPartitions(fn)
+
+    def barrier_tasks(self, count: int, fn: Any) -> Any:
+        """A barrier stage of ``count`` tasks over ``range(count)``, ``fn(rows)`` in each: an
+        RDD, whose first stage in a new JVM starts sooner than a DataFrame's."""
+        return self._sc.parallelize(range(count), count).barrier().mapPartitions(fn)
+
+
+class ConnectApi:
+    """A Spark Connect session: the server's configuration as the session reads it, its
+    operation tags, and the DataFrame API only."""
+
+    kind = "connect"
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self._conf: _ConnectConf | None = None
+
+    def master(self) -> str:
+        return str(self.conf().get("spark.master") or "unknown")
+
+    def conf(self) -> Any:
+        """The session's configuration as one snapshot (one round trip): the server's
+        ``spark.*`` settings and the session's own."""
+        if self._conf is None:
+            self._conf = _ConnectConf(dict(self.session.conf.getAll))
+        return self._conf
+
+    def application_id(self) -> str:
+        return str(self.conf().get("spark.app.id") or self.session.client.session_id)
+
+    def stopped(self) -> bool:
+        return bool(self.session.is_stopped)
+
+    def task_slots(self) -> int | None:
+        """Unknown: a Connect client cannot ask the scheduler (the master's declared size,
+        :func:`.session.expected_slots`, is what there is)."""
+        return None
+
+    def server_host(self) -> str:
+        """The Connect server's host, as the client dials it."""
+        return str(self.session.client.host)
+
+    def driver_host(self) -> str:
+        """Where the executors are to reach this process (the runner's servers listen
+        there): this machine's address on the route to the Connect server, the executors
+        being near that server. A server dialled on loopback runs on this machine, or at
+        the end of a tunnel: on this machine its own ``spark.driver.host`` is the address
+        its executors reach; through a tunnel there is none for them to reach.
+
+        Raises:
+            BackendError: The server is dialled on loopback, is not on this machine, and
+                its executors are not either (a tunnel: they cannot reach this client).
+        """
+        source = route_source(self.server_host())
+        if source != "127.0.0.1":
+            return source
+        served = str(self.conf().get("spark.driver.host") or "")
+        if served and is_local_address(served):
+            return served
+        master = self.master()
+        if master.startswith("local"):  # executors inside the server's JVM: its loopback
+            return source
+        raise BackendError(
+            f"the Spark Connect server is dialled on loopback ({self.server_host()}) but is "
+            f"not on this machine (its driver host is {served or 'unknown'}): a tunnel. Its "
+            f"executors (master {master}) would have to open connections to this client, "
+            "which runs the job's channel and rendezvous servers, and a tunnel gives them "
+            "no address to reach it at. Run the client where the executors can reach it "
+            "(a notebook or job on the cluster, or the Connect server's host)")
+
+    @contextmanager
+    def tagged(self, tag: str, description: str) -> Iterator[None]:
+        """The operations this thread starts inside carry ``tag`` (thread-local), which
+        :meth:`cancel` interrupts on the server."""
+        del description  # Connect tags have no description
+        self.session.addTag(tag)
+        try:
+            yield
+        finally:
+            self.session.removeTag(tag)
+
+    def cancel(self, tag: str) -> None:
+        self.session.interruptTag(tag)
+
+    def parallel_tasks(self, count: int, fn: Any) -> Any:
+        raise NotImplementedError("a Spark Connect session has no RDDs: use DataFrames")
+
+    def barrier_tasks(self, count: int, fn: Any) -> Any:
+        raise NotImplementedError("a Spark Connect session has no RDDs: use DataFrames")
+
+
+class _ConnectConf:
+    """A configuration snapshot with :class:`pyspark.SparkConf`'s reading methods."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self._values = values
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self._values.get(key, default)
+
+    def getAll(self) -> list[tuple[str, str]]:
+        return list(self._values.items())
+
+
+SessionApi = ClassicApi | ConnectApi
+
+
+def session_api(session: Any) -> SessionApi:
+    """The face of ``session``: :class:`ConnectApi` for a Spark Connect session, else
+    :class:`ClassicApi`."""
+    return ConnectApi(session) if is_connect(session) else ClassicApi(session)
+
+
+def is_local_address(host: str) -> bool:
+    """True when ``host`` resolves to an address of this machine (one a socket can bind)."""
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+def route_source(host: str) -> str:
+    """The local IPv4 address this machine sends from to reach ``host`` (no packet is sent:
+    a UDP socket's ``connect`` only picks the route); ``127.0.0.1`` for a loopback host."""
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return "127.0.0.1"
+    if address.startswith("127."):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((address, 9))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"

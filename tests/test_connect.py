@@ -1,0 +1,142 @@
+"""HorovodRunner on a Spark Connect session: a real Connect server, started from pyspark's own
+``sbin/start-connect-server.sh`` on ``local-cluster[2,1,1024]`` (two executor JVMs), shared
+by this module's tests and stopped on every path. The client is this process, on the
+server's host: the executors reach it on loopback.
+
+The session is made by the Connect client's own builder: the process's classic session
+(the ``spark`` fixture of other modules) stays untouched beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import mlflow
+import pytest
+import workers
+from services import ConnectServer, wait_until
+
+from mlflow_hvd import HorovodRunner, JobConfig, TrackingConfig
+from mlflow_hvd.errors import RunTimeoutError, WorkerFailedError
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    started = ConnectServer(
+        "local-cluster[2,1,1024]", tmp_path_factory.mktemp("connect-server"),
+        conf={"spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2"})
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def connect(server: ConnectServer) -> Iterator[Any]:
+    from pyspark.sql.connect.session import SparkSession
+
+    session = SparkSession.builder.remote(server.url).getOrCreate()
+    yield session
+    session.stop()
+
+
+def frame(session: Any, rows: int, partitions: int) -> Any:
+    from pyspark.sql.connect.functions import builtin as F
+
+    return session.range(0, rows, 1, partitions).select(
+        "id", F.array(*[F.rand(seed=i).cast("float") for i in range(4)]).alias("x"),
+        (F.col("id") % 2).cast("int").alias("label"))
+
+
+def nothing_running(server: ConnectServer) -> bool:
+    return server.running_jobs() == []
+
+
+def test_a_dataframe_job_gets_equal_disjoint_shards_and_one_finished_run(
+        server: ConnectServer, connect: Any, store: str) -> None:
+    runner = HorovodRunner(np=2, spark=connect)
+    ranks = runner.run(workers.shard_census, data=frame(connect, 2_001, 3), batch_size=100)
+    rows = ranks[0]["rows"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["rows"] == rows == len(r["ids"]) for r in ranks)
+    first, second = (set(r["ids"]) for r in ranks)
+    assert not first & second and first | second <= set(range(2_001))
+    assert 2_001 - len(first | second) == ranks[0]["dropped"] <= 3
+    client = mlflow.MlflowClient()
+    (run,) = client.search_runs([client.get_run(runner.last_run_id).info.experiment_id])
+    assert run.info.run_id == runner.last_run_id and run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_hvd.spark_master"] == "local-cluster[2,1,1024]"
+    assert run.data.tags["mlflow_hvd.spark_connect"] == "127.0.0.1"
+    wait_until(lambda: [d.dataset.name for d in
+                        client.get_run(run.info.run_id).inputs.dataset_inputs] == ["data"],
+               30, "the run's dataset input")
+    (found,) = client.get_run(run.info.run_id).inputs.dataset_inputs
+    assert json.loads(found.dataset.profile)["rows_per_rank"] == rows
+    assert nothing_running(server)
+
+
+def test_a_sweep_of_two_trials_runs_on_one_generation_of_ranks(
+        connect: Any, store: str) -> None:
+    from hyperopt import hp
+
+    from mlflow_hvd.sweep import sweep
+
+    result = sweep(workers.shard_trial, {"lr": hp.uniform("lr", 0.0, 1.0)}, max_evals=2, np=2,
+                   fixed_params={"data": frame(connect, 1_000, 4)}, spark=connect)
+    client = mlflow.MlflowClient()
+    trials = client.search_runs(
+        [client.get_run(result.parent_run_id).info.experiment_id],
+        f"tags.mlflow.parentRunId = '{result.parent_run_id}'")
+    assert len(trials) == 2 and {t.info.status for t in trials} == {"FINISHED"}
+    assert len({t.data.params["rank0_pid"] for t in trials}) == 1  # warm ranks, fed once
+    assert result.best_loss == min(t.data.metrics["val_loss"] for t in trials)
+
+
+def test_a_failing_rank_is_named_and_its_stage_interrupted_on_the_server(
+        server: ConnectServer, connect: Any) -> None:
+    runner = HorovodRunner(np=2, spark=connect, tracking=TrackingConfig(track=False))
+    with pytest.raises(WorkerFailedError) as info:
+        runner.run(workers.raise_on_rank_1)
+    assert str(info.value).startswith("Rank 1 on host "), info.value
+    assert "ValueError: boom from rank 1" in str(info.value)
+    wait_until(lambda: nothing_running(server), 20, "the server's barrier stage to end")
+
+
+def test_a_job_past_its_timeout_is_interrupted_on_the_server(
+        server: ConnectServer, connect: Any) -> None:
+    import threading
+
+    runner = HorovodRunner(np=2, spark=connect, tracking=TrackingConfig(track=False),
+                           job=JobConfig(timeout=15, stop_grace=2))
+    ended: dict[str, Any] = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            runner.run(workers.sleep_forever)
+        except Exception as exc:
+            ended["error"] = exc
+        ended["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_until(server.running_jobs, 15, "the barrier stage running on the server")
+    thread.join(60)
+    assert isinstance(ended.get("error"), RunTimeoutError), ended
+    assert ended["seconds"] < 15 + 20
+    wait_until(lambda: nothing_running(server), 20, "the server's barrier stage to end")
+
+
+def test_shipping_an_environment_to_a_connect_server_is_refused_clearly(connect: Any) -> None:
+    from mlflow_hvd import ClusterConfig
+    from mlflow_hvd.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"^ship_environment is not supported on a "
+                       r"Spark Connect session yet: the Connect server's executors \(master "
+                       r"local-cluster\[2,1,1024\]\) must already have this environment"):
+        HorovodRunner(np=2, spark=connect, cluster=ClusterConfig(ship_environment=True))

@@ -143,22 +143,21 @@ class ConnectApi:
         its executors reach; through a tunnel there is none for them to reach.
 
         Raises:
-            BackendError: The server is dialled on loopback, is not on this machine, and
-                its executors are not either (a tunnel: they cannot reach this client).
+            BackendError: The server is dialled on loopback but is not on this machine (a
+                tunnel: its executors cannot reach this client).
         """
         source = route_source(self.server_host())
         if source != "127.0.0.1":
             return source
         served = str(self.conf().get("spark.driver.host") or "")
-        if served and is_local_address(served):
-            return served
-        master = self.master()
-        if master.startswith("local"):  # executors inside the server's JVM: its loopback
+        if not served:  # the server does not say: taken to be on this machine
             return source
+        if is_local_address(served):
+            return served
         raise BackendError(
             f"the Spark Connect server is dialled on loopback ({self.server_host()}) but is "
-            f"not on this machine (its driver host is {served or 'unknown'}): a tunnel. Its "
-            f"executors (master {master}) would have to open connections to this client, "
+            f"not on this machine (its driver host is {served}): a tunnel. Its executors "
+            f"(master {self.master()}) would have to open connections to this client, "
             "which runs the job's channel and rendezvous servers, and a tunnel gives them "
             "no address to reach it at. Run the client where the executors can reach it "
             "(a notebook or job on the cluster, or the Connect server's host)")

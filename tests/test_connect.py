@@ -77,7 +77,7 @@ def test_a_dataframe_job_gets_equal_disjoint_shards_and_one_finished_run(
                30, "the run's dataset input")
     (found,) = client.get_run(run.info.run_id).inputs.dataset_inputs
     assert json.loads(found.dataset.profile)["rows_per_rank"] == rows
-    assert nothing_running(server)
+    wait_until(lambda: nothing_running(server), 20, "no job left running on the server")
 
 
 def test_a_sweep_of_two_trials_runs_on_one_generation_of_ranks(
@@ -112,7 +112,7 @@ def test_a_job_past_its_timeout_is_interrupted_on_the_server(
     import threading
 
     runner = HorovodRunner(np=2, spark=connect, tracking=TrackingConfig(track=False),
-                           job=JobConfig(timeout=15, stop_grace=2))
+                           job=JobConfig(timeout=10, stop_grace=2))
     ended: dict[str, Any] = {}
 
     def run() -> None:
@@ -125,10 +125,10 @@ def test_a_job_past_its_timeout_is_interrupted_on_the_server(
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    wait_until(server.running_jobs, 15, "the barrier stage running on the server")
+    wait_until(server.running_jobs, 10, "the barrier stage running on the server")
     thread.join(60)
     assert isinstance(ended.get("error"), RunTimeoutError), ended
-    assert ended["seconds"] < 15 + 20
+    assert ended["seconds"] < 10 + 20
     wait_until(lambda: nothing_running(server), 20, "the server's barrier stage to end")
 
 

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Iterator
+import threading
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from mlflow_hvd.errors import BackendError
@@ -203,6 +206,41 @@ def session_api(session: Any) -> SessionApi:
     """The face of ``session``: :class:`ConnectApi` for a Spark Connect session, else
     :class:`ClassicApi`."""
     return ConnectApi(session) if is_connect(session) else ClassicApi(session)
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What :func:`run_stage` saw: the action's value, its error, or neither (still running
+    at the deadline: cancelled)."""
+
+    finished: bool
+    value: Any = None
+    error: BaseException | None = None
+
+
+def run_stage(api: SessionApi, name: str, description: str, action: Callable[[], Any],
+              timeout: float) -> StageOutcome:
+    """Run ``action`` (which submits Spark work and returns its result) in a thread of its
+    own, under a fresh tag ``mlflow-hvd-<name>-...`` (job groups and tags are thread-local);
+    past ``timeout`` seconds the tagged work is cancelled and waited for 30 s more."""
+    tag = f"mlflow-hvd-{name}-{uuid.uuid4().hex[:12]}"
+    done: dict[str, Any] = {}
+
+    def submit() -> None:
+        try:
+            with api.tagged(tag, description):
+                done["value"] = action()
+        except Exception as exc:  # handed to the caller
+            done["error"] = exc
+
+    thread = threading.Thread(target=submit, name=f"mlflow-hvd-{name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        api.cancel(tag)
+        thread.join(30)
+        return StageOutcome(False)
+    return StageOutcome(True, done.get("value"), done.get("error"))
 
 
 def is_local_address(host: str) -> bool:

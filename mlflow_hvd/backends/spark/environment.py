@@ -17,11 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from mlflow_hvd.backends.spark.api import SessionApi
+from mlflow_hvd.backends.spark.api import SessionApi, run_stage
 from mlflow_hvd.backends.spark.failures import summarize_spark_error
 from mlflow_hvd.errors import BackendError, unfit_environment
 from mlflow_hvd.protocol.environment import EnvironmentFingerprint
@@ -86,37 +85,24 @@ def prepare_executors(api: SessionApi, shipped: EnvironmentFingerprint, slots: i
 
 def _run_stage(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
                timeout: float) -> list[tuple[str, list[str]]]:
-    group = f"mlflow-hvd-environment-{uuid.uuid4().hex[:12]}"
-    done: dict[str, Any] = {}
+    def check() -> list[tuple[str, list[str]]]:
+        if api.kind == "classic":
+            return list(api.parallel_tasks(slots, _check_on_executor(shipped)).collect())
+        rows = api.session.range(0, slots, 1, slots).mapInArrow(  # Connect: DataFrames only
+            _check_as_arrow(shipped), "host string, differences array<string>").collect()
+        return [(row.host, row.differences) for row in rows]
 
-    def submit() -> None:
-        try:  # job groups and tags are thread-local: set in the submitting thread
-            with api.tagged(group, "mlflow_hvd: unpack and check the shipped environment"):
-                if api.kind == "classic":
-                    done["hosts"] = api.parallel_tasks(
-                        slots, _check_on_executor(shipped)).collect()
-                else:  # Spark Connect: DataFrames only
-                    rows = api.session.range(0, slots, 1, slots).mapInArrow(
-                        _check_as_arrow(shipped), "host string, differences array<string>"
-                    ).collect()
-                    done["hosts"] = [(row.host, row.differences) for row in rows]
-        except Exception as exc:  # handed to the caller
-            done["error"] = exc
-
-    thread = threading.Thread(target=submit, name="mlflow-hvd-environment", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        api.cancel(group)
-        thread.join(30)
+    outcome = run_stage(api, "environment",
+                        "mlflow_hvd: unpack and check the shipped environment", check, timeout)
+    if not outcome.finished:
         raise BackendError(
             f"the executors did not fetch, unpack and check the shipped environment within "
             f"{timeout:g}s (environment_timeout): raise "
             f"HorovodRunner(cluster=ClusterConfig(environment_timeout="
             "...)) for a large archive or a slow network, or give the nodes the environment "
             "(an image) instead of shipping it")
-    if "error" in done:
+    if outcome.error is not None:
         raise BackendError(
             f"preparing the shipped environment failed: "
-            f"{summarize_spark_error(done['error'], shipped)}") from done["error"]
-    return [(str(h), list(d)) for h, d in done["hosts"]]
+            f"{summarize_spark_error(outcome.error, shipped)}") from outcome.error
+    return [(str(h), list(d)) for h, d in outcome.value]

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from mlflow_hvd.backends.spark import jvm
-from mlflow_hvd.backends.spark.api import SessionApi, active_session, session_api
+from mlflow_hvd.backends.spark.api import SessionApi, active_session, run_stage, session_api
 from mlflow_hvd.backends.spark.master import AUTO, check_reachable, choose_master
 from mlflow_hvd.common.env_archive import fingerprint_of_archive, shipped_archive
 from mlflow_hvd.common.horovod_env import refuse_owned
@@ -191,30 +191,14 @@ def probe_slots(api: SessionApi, np: int, timeout: float) -> int:
     key = (api.application_id(), np)
     if key in _probed:
         return _probed[key]
-    import threading
-    import uuid
-
-    tag = f"mlflow-hvd-slots-{uuid.uuid4().hex[:12]}"
-    done: dict[str, Any] = {}
-
-    def probe() -> None:
-        try:
-            with api.tagged(tag, f"mlflow_hvd: can {np} tasks run at once?"):
-                api.session.range(0, np, 1, np).mapInArrow(
-                    _no_op, "id long", barrier=True).collect()
-            done["ok"] = True
-        except Exception as exc:  # handed to the caller
-            done["error"] = exc
-
-    thread = threading.Thread(target=probe, name="mlflow-hvd-slot-probe", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        api.cancel(tag)
-        thread.join(30)
-    if not done.get("ok"):
-        why = (f"{type(done['error']).__name__}: {str(done['error']).splitlines()[0]}"
-               if "error" in done else f"not done within {timeout:g}s")
+    outcome = run_stage(
+        api, "slots", f"mlflow_hvd: can {np} tasks run at once?",
+        lambda: api.session.range(0, np, 1, np).mapInArrow(_no_op, "id long",
+                                                          barrier=True).collect(), timeout)
+    if outcome.error is not None or not outcome.finished:
+        error = outcome.error
+        why = (f"{type(error).__name__}: {str(error).splitlines()[0]}" if error is not None
+               else f"not done within {timeout:g}s")
         raise InsufficientSlotsError(
             f"np={np} needs {np} concurrent barrier task slots, and a barrier stage of {np} "
             f"no-op tasks on the Spark cluster (master {api.master()}) did not run: {why}. "

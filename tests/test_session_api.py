@@ -3,6 +3,7 @@ Connect client answers: the choices that need no server."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -52,3 +53,54 @@ def test_a_configuration_snapshot_reads_like_spark_conf() -> None:
     assert conf.get("spark.task.cpus") == "2" and conf.get("unset", "d") == "d"
     assert sorted(conf.getAll()) == [("spark.app.id", "app-1"), ("spark.task.cpus", "2")]
     assert api.application_id() == "app-1" and api.task_slots() is None
+
+
+class _Stage:
+    """A stand-in for ``session.range(...).mapInArrow(...)``: ``collect`` returns at once,
+    or blocks until the stage is interrupted (a cluster without room for the stage)."""
+
+    def __init__(self, fits: bool) -> None:
+        self.fits, self.interrupted, self.tags = fits, threading.Event(), []
+
+    def range(self, *args: Any) -> _Stage:
+        return self
+
+    def mapInArrow(self, *args: Any, **kwargs: Any) -> _Stage:
+        return self
+
+    def collect(self) -> list[Any]:
+        if not self.fits:
+            self.interrupted.wait(30)
+            raise RuntimeError("interrupted")
+        return []
+
+    def addTag(self, tag: str) -> None:
+        self.tags.append(tag)
+
+    def removeTag(self, tag: str) -> None:
+        pass
+
+    def interruptTag(self, tag: str) -> None:
+        assert tag in self.tags
+        self.interrupted.set()
+
+
+def test_a_probe_stage_confirms_np_slots_once_or_names_the_wait_and_is_interrupted() -> None:
+    from mlflow_hvd.backends.spark.session import probe_slots
+    from mlflow_hvd.errors import InsufficientSlotsError
+
+    conf = {"spark.app.id": f"app-{id(object())}", "spark.master": "spark://m:7077"}
+    stage = _Stage(fits=True)
+    session = connect_session("h", conf)
+    session.range, session.addTag, session.removeTag = stage.range, stage.addTag, stage.removeTag
+    assert probe_slots(ConnectApi(session), 3, 5) == 3
+    assert probe_slots(ConnectApi(session), 3, 5) == 3 and len(stage.tags) == 1  # once
+    stuck = _Stage(fits=False)
+    session = connect_session("h", {**conf, "spark.app.id": "app-stuck"})
+    session.range, session.addTag = stuck.range, stuck.addTag
+    session.removeTag, session.interruptTag = stuck.removeTag, stuck.interruptTag
+    with pytest.raises(InsufficientSlotsError, match=r"^np=4 needs 4 concurrent barrier task "
+                       r"slots, and a barrier stage of 4 no-op tasks on the Spark cluster "
+                       r"\(master spark://m:7077\) did not run: not done within 0\.2s"):
+        probe_slots(ConnectApi(session), 4, 0.2)
+    assert stuck.interrupted.is_set()  # the probe is not left running

@@ -23,7 +23,7 @@ typecheck: setup
 # The manual (docs/, README sections included) as a site in site/; --strict: a broken link,
 # anchor, include or API reference fails the build
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Every tier, cheapest first, each one's wall time printed (scripts/test_tiers.sh): setup,
 # static checks (lint, layering, size tripwires, types, docs), then pytest's fast tier (no

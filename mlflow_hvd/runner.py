@@ -379,7 +379,8 @@ class HorovodRunner:
             feed.check_session(spark)
         frame = feed.fed_frame(np) if feed is not None else None
         backend = SparkBackend(spark, self.job.slot_timeout, frame,
-                               self.cluster.environment_timeout)
+                               self.cluster.environment_timeout,
+                               self.cluster.ship_environment)
         return backend, resolve_host(session_api(spark).driver_host())
 
 

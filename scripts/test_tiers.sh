@@ -75,7 +75,7 @@ static() {
   "$VENV/bin/ruff" check mlflow_hvd tests examples benchmarks scripts \
     && "$VENV/bin/lint-imports" \
     && "$PY" scripts/bars.py \
-    && NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet \
+    && NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict \
     || rc=$?
   wait "$mypy_pid" || mypy_rc=$?
   cat "$LOGS/mypy.log"

@@ -10,8 +10,14 @@ The session is made by the Connect client's own builder: the process's classic s
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -132,11 +138,69 @@ def test_a_job_past_its_timeout_is_interrupted_on_the_server(
     wait_until(lambda: nothing_running(server), 20, "the server's barrier stage to end")
 
 
-def test_shipping_an_environment_to_a_connect_server_is_refused_clearly(connect: Any) -> None:
+@pytest.fixture()
+def thin_archive(tmp_path: Path) -> str:
+    """A real venv packed by ``python -m mlflow_hvd.cli.pack_env``, made from the base
+    interpreter: its site-packages holds one ``.pth`` that adds this venv's (the server's
+    executors are on this machine), so the archive is kilobytes, not this venv's gigabytes."""
+    venv = tmp_path / "thin"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)],
+                   check=True, timeout=120)
+    site = sysconfig.get_paths()["purelib"]
+    (venv / Path(site).relative_to(sys.prefix) / "driver.pth").write_text(
+        f"import site; site.addsitedir({site!r})\n")
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "mlflow_hvd.cli.pack_env",
+                           "--json"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MLFLOW_HVD_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return str(json.loads(done.stdout)["archive"])
+
+
+def test_an_environment_shipped_to_a_connect_session_is_what_its_ranks_run(
+        server: ConnectServer, connect: Any, thin_archive: str, tmp_path: Path) -> None:
+    """The archive goes up as the session's artifact, every executor unpacks it in the
+    session's directory and the session's Python workers (so the ranks) run its
+    interpreter; the server's other sessions keep theirs. Once per session: a second run
+    uploads nothing, another archive for the same session is refused."""
+    from pyspark.sql.connect.session import SparkSession
+
     from mlflow_hvd import ClusterConfig
     from mlflow_hvd.errors import ConfigurationError
 
-    with pytest.raises(ConfigurationError, match=r"^ship_environment is not supported on a "
-                       r"Spark Connect session yet: the Connect server's executors \(master "
-                       r"local-cluster\[2,1,1024\]\) must already have this environment"):
-        HorovodRunner(np=2, spark=connect, cluster=ClusterConfig(ship_environment=True))
+    session = SparkSession.builder.remote(server.url).create()
+    try:
+        runner = HorovodRunner(np=2, spark=session, tracking=TrackingConfig(track=False),
+                               cluster=ClusterConfig(ship_environment=thin_archive))
+        ranks = runner.run(workers.interpreter_everywhere)
+        assert [r["rank"] for r in ranks] == [0, 1]
+        for rank in ranks:
+            # <executor work dir>/<the session's directory>/environment: the artifact
+            assert Path(rank["prefix"]).name == "environment", rank
+            assert rank["executable"] == str(Path(rank["prefix"]) / "bin" / "python")
+        again_ranks = runner.run(workers.interpreter_everywhere)  # nothing uploaded again
+        assert {r["prefix"] for r in again_ranks} == {r["prefix"] for r in ranks}
+        other = tmp_path / "other.tar.gz"
+        shutil.copy(thin_archive, other)
+        again = HorovodRunner(np=2, spark=session, tracking=TrackingConfig(track=False),
+                              cluster=ClusterConfig(ship_environment=str(other)))
+        with pytest.raises(ConfigurationError, match=(
+                rf"^this Spark Connect session was given the environment {thin_archive} "
+                rf"before and a session's artifacts cannot be replaced: ship {other} with a "
+                r"new session")):
+            again.run(workers.interpreter_everywhere)
+    finally:
+        session.stop()
+
+    def where(batches: Any) -> Any:
+        import os
+        import sys
+
+        import pyarrow as pa
+
+        for _ in batches:
+            yield pa.RecordBatch.from_pylist([{"prefix": sys.prefix, "cwd": os.getcwd()}])
+
+    # the module's session: the server's interpreter, in a directory of its own
+    seen = connect.range(0, 2, 1, 2).mapInArrow(where, "prefix string, cwd string").collect()
+    assert {row.prefix for row in seen} == {sys.prefix}
+    assert not {row.cwd for row in seen} & {str(Path(r["prefix"]).parent) for r in ranks}

@@ -104,3 +104,54 @@ def test_a_probe_stage_confirms_np_slots_once_or_names_the_wait_and_is_interrupt
                        r"\(master spark://m:7077\) did not run: not done within 0\.2s"):
         probe_slots(ConnectApi(session), 4, 0.2)
     assert stuck.interrupted.is_set()  # the probe is not left running
+
+
+class _Uploads:
+    """A stand-in Connect session's artifact upload: answers at once, fails, or hangs
+    (a network that stalls); remembers the session settings made after it."""
+
+    def __init__(self, how: str, session_id: str) -> None:
+        self.how, self.session_id, self.added, self.settings = how, session_id, [], {}
+        self.client = SimpleNamespace(host="server")
+        self.conf = SimpleNamespace(getAll={"spark.app.id": "app-1"},
+                                    set=self.settings.__setitem__)
+        self.release = threading.Event()
+
+    def addArtifacts(self, *paths: str, archive: bool = False) -> None:
+        if self.how == "hangs":
+            self.release.wait(30)
+        if self.how == "fails":
+            raise RuntimeError("ARTIFACT_TOO_LARGE")
+        self.added.append((paths, archive))
+
+
+def test_an_environment_goes_to_a_connect_session_once_and_its_upload_has_a_deadline(
+        tmp_path: Any) -> None:
+    from mlflow_hvd.backends.spark.environment import ship_to_connect
+    from mlflow_hvd.errors import ConfigurationError
+
+    archive, other = tmp_path / "env.tar.gz", tmp_path / "other.tar.gz"
+    archive.write_bytes(b"not one of ours")
+    other.write_bytes(b"")
+    session = _Uploads("answers", "s-1")
+    assert ship_to_connect(ConnectApi(session), str(archive), 10) is None  # unchecked
+    assert ship_to_connect(ConnectApi(session), str(archive), 10) is None
+    assert session.added == [((f"{archive}#environment",), True)]  # once per session
+    assert session.settings == {"spark.sql.execution.pyspark.python":
+                                "./environment/bin/python"}
+    with pytest.raises(ConfigurationError, match=(
+            rf"^this Spark Connect session was given the environment {archive} before")):
+        ship_to_connect(ConnectApi(session), str(other), 10)
+
+    hangs = _Uploads("hangs", "s-2")
+    try:
+        with pytest.raises(BackendError, match=(
+                rf"^uploading the environment {archive} to the Spark Connect server server "
+                r"did not end within 0\.2s \(environment_timeout\)")):
+            ship_to_connect(ConnectApi(hangs), str(archive), 0.2)
+    finally:
+        hangs.release.set()
+    assert hangs.settings == {}  # the workers keep the server's interpreter
+    with pytest.raises(BackendError, match=r"^the Spark Connect server server refused the "
+                       rf"environment {archive}: ARTIFACT_TOO_LARGE"):
+        ship_to_connect(ConnectApi(_Uploads("fails", "s-3")), str(archive), 10)

@@ -357,6 +357,17 @@ def layout_everywhere() -> list[dict[str, Any]]:
     return sorted(hvd.allgather_object(mine), key=lambda d: d["rank"])
 
 
+def interpreter_everywhere() -> list[dict[str, Any]]:
+    """Every rank's interpreter (its venv's prefix and executable), gathered to all."""
+    import sys
+
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    mine = {"rank": hvd.rank(), "prefix": sys.prefix, "executable": sys.executable}
+    return sorted(hvd.allgather_object(mine), key=lambda d: d["rank"])
+
+
 def sleep_after_init(seconds: float = 600.0) -> None:
     """Join the job, then idle: a job that only ends when something fails."""
     import horovod.tensorflow as hvd

@@ -159,12 +159,14 @@ class ClusterConfig:
             resource nothing is changed. ``np < 0``: ``CUDA_VISIBLE_DEVICES`` is left as the
             driver has it, so local rank ``i`` takes the driver's ``i``-th visible GPU.
         ship_environment: True: this venv, packed (cached), shipped with the session the
-            runner builds; a path: that archive (docs/cluster.md).
-        environment_timeout: Seconds a shipped environment gets to be unpacked: on the
-            driver while the session the runner builds starts (Spark unpacks archives
-            there too; added to ``start_timeout``), and on every executor before the
-            session's first job, with Horovod loaded from it (a plain Spark stage ahead of
-            the barrier stage; once per application).
+            runner builds, or uploaded to a Spark Connect session when its first job
+            starts; a path: that archive (docs/cluster.md).
+        environment_timeout: Seconds a shipped environment gets to be uploaded to a Spark
+            Connect session, or unpacked on the driver while the session the runner builds
+            starts (Spark unpacks archives there too; added to ``start_timeout``); and again
+            to be unpacked on every executor before the session's first job, with Horovod
+            loaded from it (a plain Spark stage ahead of the barrier stage; once per
+            application, or per Connect session).
         data_compression: ``"lz4"``/``"zstd"`` compress the shards of DataFrame arguments
             (less disk, a copy as ranks read); None: memory-mapped (docs/data.md).
     """

@@ -147,10 +147,13 @@ def sweep(
             the store must have a Model Registry and the user may update this model
             (created when missing). A resumed sweep whose best trial already has a version
             leaves the alias where it is.
-        spark, job, cluster, tracking, horovod: What every trial's ``HorovodRunner`` is
-            made with (:class:`~mlflow_hvd.JobConfig`, :class:`~mlflow_hvd.ClusterConfig`,
-            :class:`~mlflow_hvd.TrackingConfig`, :class:`~mlflow_hvd.HorovodOptions`).
-            Any other keyword is refused naming the group it belongs to.
+        spark: The SparkSession every trial's ``HorovodRunner`` uses (classic or Spark
+            Connect; None: the active one, else one the runner builds).
+        job: Every trial's :class:`~mlflow_hvd.JobConfig`.
+        cluster: Every trial's :class:`~mlflow_hvd.ClusterConfig`.
+        tracking: Every trial's :class:`~mlflow_hvd.TrackingConfig`.
+        horovod: Every trial's :class:`~mlflow_hvd.HorovodOptions`. Any other keyword is
+            refused naming the group it belongs to.
 
     Raises:
         ConfigurationError: Bad space, max_evals, metric, mode, prune, np, option group

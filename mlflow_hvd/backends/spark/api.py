@@ -23,6 +23,8 @@ from typing import Any
 
 from mlflow_hvd.errors import BackendError
 
+PYTHON_CONF = "spark.sql.execution.pyspark.python"  # a session's Python workers' interpreter
+
 
 def is_connect(session: Any) -> bool:
     """True for a Spark Connect session (no SparkContext; without importing its client)."""
@@ -68,6 +70,10 @@ class ClassicApi:
 
     def application_id(self) -> str:
         return str(self._sc.applicationId)
+
+    def scope(self) -> str:
+        """Where files shipped to the executors live: the application."""
+        return self.application_id()
 
     def stopped(self) -> bool:
         return getattr(self._sc, "_jsc", None) is None
@@ -124,7 +130,23 @@ class ConnectApi:
         return self._conf
 
     def application_id(self) -> str:
-        return str(self.conf().get("spark.app.id") or self.session.client.session_id)
+        return str(self.conf().get("spark.app.id") or self.session.session_id)
+
+    def scope(self) -> str:
+        """Where files shipped to the executors live: this session (the server keeps each
+        session's artifacts, and runs its Python workers, in a directory of its own)."""
+        return f"{self.application_id()}/{self.session.session_id}"
+
+    def add_archive(self, path: str, alias: str) -> None:
+        """Upload ``path`` as a session artifact every executor unpacks as ``./alias`` in
+        the session's working directory (``addArtifacts(..., archive=True)``)."""
+        self.session.addArtifacts(f"{path}#{alias}", archive=True)
+
+    def set_python(self, executable: str) -> None:
+        """The interpreter the session's Python workers run from now on (a path relative to
+        the session's working directory on each executor may name a shipped archive's)."""
+        self.session.conf.set(PYTHON_CONF, executable)
+        self._conf = None  # the snapshot no longer holds
 
     def stopped(self) -> bool:
         return bool(self.session.is_stopped)

@@ -8,7 +8,8 @@ from typing import Any
 
 from mlflow_hvd.agent.spark_task import RESULT_SCHEMA, barrier_partition_task, barrier_task
 from mlflow_hvd.backends.spark.api import ConnectApi, session_api
-from mlflow_hvd.backends.spark.environment import prepare_executors
+from mlflow_hvd.backends.spark.boot import archive_of
+from mlflow_hvd.backends.spark.environment import prepare_executors, ship_to_connect
 from mlflow_hvd.backends.spark.failures import summarize_spark_error
 from mlflow_hvd.backends.spark.session import (
     check_barrier_supported,
@@ -37,12 +38,14 @@ class SparkBackend:
     name = "spark"
 
     def __init__(self, spark: Any, slot_timeout: float = 30.0, frame: Any = None,
-                 environment_timeout: float = 600.0) -> None:
+                 environment_timeout: float = 600.0,
+                 ship_environment: bool | str = False) -> None:
         self._spark = spark
         self._frame = frame  # the job's data, in exactly np partitions (None: no data)
         self._api = session_api(spark)
         self._slot_timeout = slot_timeout
         self._environment_timeout = environment_timeout
+        self._ship = ship_environment  # a Connect session is given it here
         self._thread: threading.Thread | None = None
         self._job_id: str | None = None
 
@@ -52,9 +55,14 @@ class SparkBackend:
         check_executor_env(conf)
         slots = wait_for_slots(self._api, job.np, self._slot_timeout)
         self._job_id = job.job_id
-        # an environment shipped with the session: unpacked on every executor first (not
-        # against the start deadline), and every task checks it fits its host
-        environment = shipped_environment(conf)
+        # an environment shipped with the session (to a Connect one: now): unpacked on
+        # every executor first (not against the start deadline), and every task checks it
+        # fits its host
+        if isinstance(self._api, ConnectApi) and self._ship is not False:
+            environment = ship_to_connect(self._api, archive_of(self._ship),
+                                          self._environment_timeout)
+        else:
+            environment = shipped_environment(conf)
         if environment is not None:
             prepare_executors(self._api, environment, slots, self._environment_timeout)
         job = dataclasses.replace(job, environment=environment)
@@ -77,7 +85,8 @@ class SparkBackend:
                              else self._spark.range(0, job.np, 1, job.np))
                     frame.mapInArrow(barrier_task(job), RESULT_SCHEMA, barrier=True).collect()
         except Exception as exc:
-            error = summarize_spark_error(exc, job.environment)
+            error = summarize_spark_error(exc, job.environment,
+                                          connect=isinstance(self._api, ConnectApi))
             if (isinstance(self._api, ConnectApi)
                     and "cannot reach the mlflow_hvd driver at " in error):
                 error += (

@@ -115,13 +115,19 @@ class SessionBoot:
 
 def environment_archive(ship: bool | str, master: str) -> str | None:
     """The archive a new session on ``master`` ships (``HorovodRunner(ship_environment)``):
-    None when nothing is shipped; this venv packed (or its cached archive) for True.
-    ``local[...]`` masters run tasks in the driver's own process tree: nothing to ship."""
+    None when nothing is shipped. ``local[...]`` masters run tasks in the driver's own
+    process tree: nothing to ship."""
     if ship is False:
         return None
     if master.startswith("local[") or master == "local":
         log.info("ship_environment: not applied on %s (tasks run beside the driver)", master)
         return None
+    return archive_of(ship)
+
+
+def archive_of(ship: bool | str) -> str:
+    """The archive ``ship_environment`` names: its path, or for True this venv packed (or
+    its cached archive)."""
     if isinstance(ship, str):
         return ship
     from mlflow_hvd.common.env_archive import pack_environment
@@ -139,8 +145,9 @@ def environment_archive(ship: bool | str, master: str) -> str | None:
 
 
 def refuse_unshipped(session: Any, ship: bool | str) -> None:
-    """``ship_environment`` applies to a session the runner builds: an existing one must
-    already ship an environment (its ``spark.archives``)."""
+    """``ship_environment`` applies to a classic session the runner builds: an existing one
+    must already ship an environment (its ``spark.archives``). A Spark Connect session is
+    given the environment when a job starts (:func:`.environment.ship_to_connect`)."""
     if ship is False:
         return
     from mlflow_hvd.backends.spark.api import ConnectApi, session_api
@@ -148,11 +155,7 @@ def refuse_unshipped(session: Any, ship: bool | str) -> None:
 
     api = session_api(session)
     if isinstance(api, ConnectApi):
-        raise ConfigurationError(
-            "ship_environment is not supported on a Spark Connect session yet: the Connect "
-            f"server's executors (master {api.master()}) must already have this "
-            "environment (a cluster image or init script with mlflow_hvd, Horovod and "
-            "your framework), and ship_environment left false")
+        return
     conf = api.conf()
     if shipped_archive(conf.get("spark.archives", "") or "") is None:
         raise ConfigurationError(

@@ -10,6 +10,12 @@ a plain stage of one task per slot: every executor unpacks the archive and check
 its host (each task answers its host and what it lacks), under its own deadline,
 ``HorovodRunner(cluster=ClusterConfig(environment_timeout=...))``. Done once per application and
 archive.
+
+A Spark Connect session has no ``spark.archives`` of its own making: the runner uploads the
+archive as a session artifact (``addArtifacts(..., archive=True)``; the server has every
+executor unpack it in that session's own directory) and sets the session's
+``spark.sql.execution.pyspark.python`` to its interpreter, once per session and archive
+(:func:`ship_to_connect`). Other sessions of the same server are not affected.
 """
 
 from __future__ import annotations
@@ -20,15 +26,83 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from mlflow_hvd.backends.spark.api import SessionApi, run_stage
+from mlflow_hvd.backends.spark.api import ConnectApi, SessionApi, run_stage
 from mlflow_hvd.backends.spark.failures import summarize_spark_error
-from mlflow_hvd.errors import BackendError, unfit_environment
-from mlflow_hvd.protocol.environment import EnvironmentFingerprint
+from mlflow_hvd.errors import BackendError, ConfigurationError, unfit_environment
+from mlflow_hvd.protocol.environment import (
+    ARCHIVE_ALIAS,
+    SHIPPED_PYTHON,
+    EnvironmentFingerprint,
+)
 
 log = logging.getLogger(__name__)
 
-_ready: set[tuple[str, str]] = set()  # (application id, fingerprint) prepared
+_ready: set[tuple[str, str]] = set()  # (scope, fingerprint) prepared
 _lock = threading.Lock()
+_uploaded: dict[str, str] = {}  # Connect session scope -> the archive it was given
+
+
+def ship_to_connect(api: ConnectApi, archive: str, timeout: float
+                    ) -> EnvironmentFingerprint | None:
+    """Give ``api``'s Connect session the environment ``archive`` (once per session): upload
+    it, unpacked as ``./environment`` on every executor, and have the session's Python
+    workers run ``./environment/bin/python``. Returns what the archive needs of each host
+    (None for an archive this package did not pack: unchecked).
+
+    Raises:
+        ConfigurationError: This session was given another archive before (a session's
+            artifacts cannot be replaced).
+        BackendError: The upload did not end within ``timeout`` seconds
+            (``environment_timeout``), or the server refused it.
+    """
+    import os
+
+    from mlflow_hvd.common.env_archive import fingerprint_of_archive
+
+    scope = api.scope()
+    with _lock:
+        given = _uploaded.get(scope)
+        if given is None:
+            size = os.path.getsize(archive)
+            log.info("shipped environment: uploading %s (%.0f MiB) to the Spark Connect "
+                     "server %s", archive, size / 2**20, api.server_host())
+            started = time.monotonic()
+            _upload(api, archive, timeout)
+            api.set_python(SHIPPED_PYTHON)
+            _uploaded[scope] = archive
+            log.info("shipped environment: uploaded in %.1fs", time.monotonic() - started)
+        elif given != archive:
+            raise ConfigurationError(
+                f"this Spark Connect session was given the environment {given} before and a "
+                f"session's artifacts cannot be replaced: ship {archive} with a new session "
+                "(SparkSession.builder.remote(...).create()), or keep shipping the first")
+    return fingerprint_of_archive(archive)
+
+
+def _upload(api: ConnectApi, archive: str, timeout: float) -> None:
+    """``addArtifacts`` under a deadline: the client's call has none of its own, so it runs
+    in a thread that is left to end by itself past ``timeout``."""
+    done: dict[str, BaseException | None] = {}
+
+    def upload() -> None:
+        try:
+            api.add_archive(archive, ARCHIVE_ALIAS)
+            done["error"] = None
+        except Exception as exc:  # handed to the caller
+            done["error"] = exc
+
+    thread = threading.Thread(target=upload, name="mlflow-hvd-upload", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if "error" not in done:
+        raise BackendError(
+            f"uploading the environment {archive} to the Spark Connect server "
+            f"{api.server_host()} did not end within {timeout:g}s (environment_timeout): "
+            "raise HorovodRunner(cluster=ClusterConfig(environment_timeout=...)) for a large "
+            "archive or a slow network, or give the server's nodes the environment instead")
+    if done["error"] is not None:
+        raise BackendError(f"the Spark Connect server {api.server_host()} refused the "
+                           f"environment {archive}: {done['error']}") from done["error"]
 
 
 def _check_on_executor(shipped: EnvironmentFingerprint
@@ -66,7 +140,7 @@ def prepare_executors(api: SessionApi, shipped: EnvironmentFingerprint, slots: i
         BackendError: Not done within ``timeout`` seconds, or the stage failed (e.g. an
             executor cannot start the shipped interpreter).
     """
-    key = (api.application_id(), shipped.dumps())
+    key = (api.scope(), shipped.dumps())
     with _lock:
         if key in _ready:
             return
@@ -104,5 +178,6 @@ def _run_stage(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
     if outcome.error is not None:
         raise BackendError(
             f"preparing the shipped environment failed: "
-            f"{summarize_spark_error(outcome.error, shipped)}") from outcome.error
+            f"{summarize_spark_error(outcome.error, shipped, api.kind == 'connect')}"
+        ) from outcome.error
     return [(str(h), list(d)) for h, d in outcome.value]

@@ -8,21 +8,23 @@ from mlflow_hvd.protocol.environment import SHIPPED_PYTHON, EnvironmentFingerpri
 
 
 def summarize_spark_error(exc: BaseException,
-                          shipped: EnvironmentFingerprint | None = None) -> str:
+                          shipped: EnvironmentFingerprint | None = None,
+                          connect: bool = False) -> str:
     """The useful line of a Spark job failure: the Python error raised in the task if any.
 
     A failing task surfaces on the driver as a Py4JJavaError whose first line only says
     ``An error occurred while calling ...collectAndServe``; the task's own Python error is a
     line like ``ValueError: ...`` inside the embedded traceback. An executor that cannot
     start its Python at all (``Cannot run program``) is said in words naming the
-    interpreter and what to do; ``shipped`` is the environment the session ships, if any.
+    interpreter and what to do; ``shipped`` is the environment the session ships, if any;
+    ``connect``: the session is a Spark Connect one (what to do differs).
     """
     text = str(exc)
     missing = re.search(r'Cannot run program "([^"]+)"', text)
     if missing:
         return _interpreter_missing(missing.group(1), shipped)
     if shipped is None and "No module named 'mlflow_hvd'" in text:
-        return _other_python()
+        return _connect_python() if connect else _other_python()
     python_errors = [
         line.strip()
         for line in text.splitlines()
@@ -55,6 +57,16 @@ def _interpreter_missing(program: str, shipped: EnvironmentFingerprint | None) -
         "run ... -P "
         "ship_environment=true, or spark.archives from python -m mlflow_hvd.cli.pack_env), "
         "or install the same environment at that path on every node")
+
+
+def _connect_python() -> str:
+    return (
+        "the executors' Python cannot import mlflow_hvd: the Spark Connect server runs its "
+        "Python workers with its own interpreter (the server's PYSPARK_PYTHON, or this "
+        "session's spark.sql.execution.pyspark.python), which lacks this package. Ship this "
+        "client's environment to the session (HorovodRunner(cluster=ClusterConfig("
+        "ship_environment=True)): uploaded as a session artifact and run by the executors), "
+        "or install mlflow_hvd, Horovod and your framework on the server's nodes")
 
 
 def _other_python() -> str:

@@ -1,5 +1,6 @@
 """HorovodRunner on a Spark Connect session: a real Connect server, started from pyspark's own
-``sbin/start-connect-server.sh`` on ``local-cluster[2,1,1024]`` (two executor JVMs), shared
+``sbin/start-connect-server.sh`` on ``local-cluster[2,2,1024]`` (two executor JVMs of two
+cores: room for two jobs of np=2 at once), shared
 by this module's tests and stopped on every path. The client is this process, on the
 server's host: the executors reach it on loopback.
 
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
     started = ConnectServer(
-        "local-cluster[2,1,1024]", tmp_path_factory.mktemp("connect-server"),
+        "local-cluster[2,2,1024]", tmp_path_factory.mktemp("connect-server"),
         conf={"spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2"})
     try:
         yield started
@@ -76,7 +77,7 @@ def test_a_dataframe_job_gets_equal_disjoint_shards_and_one_finished_run(
     client = mlflow.MlflowClient()
     (run,) = client.search_runs([client.get_run(runner.last_run_id).info.experiment_id])
     assert run.info.run_id == runner.last_run_id and run.info.status == "FINISHED"
-    assert run.data.tags["mlflow_hvd.spark_master"] == "local-cluster[2,1,1024]"
+    assert run.data.tags["mlflow_hvd.spark_master"] == "local-cluster[2,2,1024]"
     assert run.data.tags["mlflow_hvd.spark_connect"] == "127.0.0.1"
     wait_until(lambda: [d.dataset.name for d in
                         client.get_run(run.info.run_id).inputs.dataset_inputs] == ["data"],
@@ -101,6 +102,43 @@ def test_a_sweep_of_two_trials_runs_on_one_generation_of_ranks(
     assert len(trials) == 2 and {t.info.status for t in trials} == {"FINISHED"}
     assert len({t.data.params["rank0_pid"] for t in trials}) == 1  # warm ranks, fed once
     assert result.best_loss == min(t.data.metrics["val_loss"] for t in trials)
+
+
+def test_two_trials_run_at_once_each_its_own_tagged_stage_of_one_session(
+        server: ConnectServer, connect: Any, store: str) -> None:
+    """parallelism='auto' on Connect: the master's declared 4 slots hold two trials of
+    np=2; their barrier stages overlap on the server, each under its own operation tag of
+    the one session (tags are per thread)."""
+    from hyperopt import hp
+
+    from mlflow_hvd.sweep import sweep
+
+    result = sweep(workers.paced_trial, {"x": hp.uniform("x", 0.0, 1.0)}, max_evals=2, np=2,
+                   parallelism="auto", seed=1, fixed_params={"epochs": 3, "seconds": 1.0},
+                   spark=connect)
+    client = mlflow.MlflowClient()
+    parent = client.get_run(result.parent_run_id)
+    assert parent.data.params["parallelism"] == "2"
+    first, second = sorted(
+        client.search_runs([parent.info.experiment_id],
+                           f"tags.mlflow.parentRunId = '{result.parent_run_id}'"),
+        key=lambda r: int(r.data.tags["mlflow_hvd.sweep.trial"]))
+    assert {first.info.status, second.info.status} == {"FINISHED"}
+    assert max(first.info.start_time, second.info.start_time) < min(
+        first.info.end_time, second.info.end_time)  # at once
+    for trial in (first, second):  # each its own trial's result
+        x = float(trial.data.params["x"])
+        assert trial.data.metrics["val_loss"] == pytest.approx((x - 0.3) ** 2 + 1 / 3,
+                                                               abs=1e-5)
+    wait_until(lambda: nothing_running(server), 20, "no job left running on the server")
+
+
+def test_a_failed_attempt_is_retried_with_new_ranks_fed_again(connect: Any) -> None:
+    runner = HorovodRunner(np=2, spark=connect, job=JobConfig(max_failures=1),
+                           tracking=TrackingConfig(track=False))
+    ranks = runner.run(workers.census_after_a_failed_attempt, data=frame(connect, 300, 3))
+    assert [r["rows"] for r in ranks] == [ranks[0]["rows"]] * 2
+    assert len(set(ranks[0]["ids"]) | set(ranks[1]["ids"])) == 2 * ranks[0]["rows"]
 
 
 def test_a_failing_rank_is_named_and_its_stage_interrupted_on_the_server(

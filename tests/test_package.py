@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,78 @@ def test_the_architecture_map_lists_every_module() -> None:
         elif path.name not in block:
             missing.append(str(rel))
     assert missing == [], f"modules not in the docs' architecture map: {missing}"
+
+
+def _resolve(dotted: str) -> object:
+    """The object a dotted name relative to ``mlflow_hvd`` names (modules imported as
+    needed); AttributeError/ImportError when there is none."""
+    import importlib
+
+    parts = dotted.removeprefix("mlflow_hvd.").split(".") if dotted != "mlflow_hvd" else []
+    obj: object = mlflow_hvd
+    path = "mlflow_hvd"
+    for part in parts:
+        path = f"{path}.{part}"
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            obj = importlib.import_module(path)
+    return obj
+
+
+def test_the_api_reference_names_only_what_exists() -> None:
+    """Every name in the reference's table resolves (a bare name after a dotted one in the
+    same cell is in the same module; a bare first name is a top-level name), and every
+    ``:::`` directive and each member it lists exists (mkdocstrings skips a missing
+    member without a word)."""
+    import re
+
+    from conftest import REPO
+
+    text = (REPO / "docs" / "api.md").read_text()
+    missing = []
+    for row in re.findall(r"^\| (.+?) \| (?:driver|rank|rank 0|both) \|", text, re.M):
+        names = [re.sub(r"\(.*", "", n) for n in re.findall(r"`([^`]+)`", row)]
+        prefix = names[0].rsplit(".", 1)[0] if "." in names[0] else ""
+        for name in names:
+            if name.endswith(".*"):
+                name = name[:-2]
+            elif "." not in name and prefix:
+                name = f"{prefix}.{name}"
+            try:
+                _resolve(name)
+            except (AttributeError, ImportError):
+                missing.append(name)
+    for target, options in re.findall(r"^::: (\S+)\n((?:    .*\n)*)", text, re.M):
+        try:
+            obj = _resolve(target)
+        except (AttributeError, ImportError):
+            missing.append(target)
+            continue
+        listed = re.search(r"members: \[([^\]]*)\]", options)
+        for member in re.split(r"[,\s]+", listed.group(1).strip()) if listed else []:
+            if not hasattr(obj, member):
+                missing.append(f"{target}.{member}")
+    assert missing == [], f"docs/api.md names what does not exist: {missing}"
+
+
+def test_every_error_class_has_its_troubleshooting_entry() -> None:
+    import inspect
+
+    from conftest import REPO
+
+    import mlflow_hvd.errors as errors
+
+    page = (REPO / "docs" / "troubleshooting.md").read_text()
+    classes = [name for name, obj in vars(errors).items()
+               if inspect.isclass(obj) and issubclass(obj, BaseException)
+               and obj.__module__ == errors.__name__]
+    assert len(classes) >= 19
+    missing = [name for name in classes if f"\n### {name}\n" not in page]
+    assert missing == [], f"errors without a section in docs/troubleshooting.md: {missing}"
+    # each says where to import it from, and that is where it is
+    for name in classes:
+        section = page.split(f"\n### {name}\n", 1)[1].split("\n#", 1)[0]
+        where = re.search(r"`from (mlflow_hvd(?:\.errors)?) import (\w+)`", section)
+        assert where and where.group(2) == name, (name, section[:200])
+        assert getattr(importlib.import_module(where.group(1)), name) is getattr(errors, name)

@@ -21,6 +21,7 @@ executor unpack it in that session's own directory) and sets the session's
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -55,8 +56,6 @@ def ship_to_connect(api: ConnectApi, archive: str, timeout: float
         BackendError: The upload did not end within ``timeout`` seconds
             (``environment_timeout``), or the server refused it.
     """
-    import os
-
     from mlflow_hvd.common.env_archive import fingerprint_of_archive
 
     scope = api.scope()

@@ -60,7 +60,9 @@ def test_the_quickstart_page_installs_the_wheel_and_runs_a_first_job(tmp_path: P
         assert [n for n in dist if n.endswith(".whl")] == ["mlflow_hvd-0.1.0-py3-none-any.whl"]
         assert "mlflow_hvd-0.1.0.tar.gz" in dist
         python = clone / "hvd-env" / "bin" / "python"
-        read = subprocess.run([str(python), "-c", f"""
+        # -I: the checkout's directory is not on sys.path, as it is not in the job's
+        # processes (sys.path[0] is examples/ there): mlflow_hvd is the installed wheel's
+        read = subprocess.run([str(python), "-I", "-c", f"""
 import json, mlflow, mlflow_hvd
 c = mlflow.MlflowClient("sqlite:///mlflow.db")
 r = c.get_run({run_id!r})

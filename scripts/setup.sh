@@ -62,9 +62,26 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] && "$PY" -c 'import mlflow_
 fi
 
 "$PY" -m pip install --quiet --upgrade "pip>=24"
-# the exact tested set, every transitive version and its hashes (refresh: `make lock`)
-"$PY" -m pip install --quiet --require-hashes -r "$ROOT/requirements/lock-py3.11.txt" \
-  -r "$ROOT/requirements/lock-dev-py3.11.txt"
+# the exact tested set, every transitive version and its hashes (refresh: `make lock`),
+# installed by uv (its own version from the dev lock, hash-checked like the rest): the same
+# packages as pip installs, in about a tenth of the time (28 s against pip's 2.5 min here,
+# uv's cache empty). uv reads no pip configuration: pip's find-links (where PyTorch's CPU
+# build lies) and PIP_EXTRA_INDEX_URL are passed on.
+UV_REQ="$VENV/.uv-requirement.txt"
+awk '/^uv==/{f=1; print; next} f && /^    /{print; next} f{exit}' \
+  "$ROOT/requirements/lock-dev-py3.11.txt" > "$UV_REQ"
+[ -s "$UV_REQ" ] || die "requirements/lock-dev-py3.11.txt names no uv version"
+"$PY" -m pip install --quiet --no-deps --require-hashes -r "$UV_REQ"
+UV_ARGS=()
+FIND_LINKS="${PIP_FIND_LINKS:-$("$PY" -m pip config get global.find-links 2>/dev/null || true)}"
+for link in $FIND_LINKS; do UV_ARGS+=(--find-links "$link"); done
+if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then
+  # as pip does: the best match over every index (the hashes decide what is accepted)
+  for url in $PIP_EXTRA_INDEX_URL; do UV_ARGS+=(--extra-index-url "$url"); done
+  UV_ARGS+=(--index-strategy unsafe-best-match)
+fi
+"$VENV/bin/uv" pip install --quiet --python "$PY" --require-hashes "${UV_ARGS[@]}" \
+  -r "$ROOT/requirements/lock-py3.11.txt" -r "$ROOT/requirements/lock-dev-py3.11.txt"
 "$PY" -m pip install --quiet --no-deps -e "$ROOT"
 # Horovod: built from its hash-checked sdist against the TensorFlow and PyTorch above, once
 # per Horovod/TensorFlow/PyTorch/Python/CPU, and cached under $CACHE_ROOT/wheels

@@ -2,24 +2,29 @@
 # `make test`: every tier, cheapest first, so that a broken commit fails in minutes.
 #
 #   setup     .venv from the locks + Horovod (scripts/setup.sh)
-#   static    ruff, lint-imports (layering), scripts/bars.py, mypy, mkdocs --strict
+#   static    ruff, lint-imports (layering), scripts/bars.py, mypy, mkdocs --strict:
+#             beside the fast tier (mypy takes one core, pytest the other)
 #   fast      pytest: no JVM, no rank that imports TensorFlow or PyTorch (checked)
+#   beside    pytest -m beside: tests whose subject is an environment or process of their
+#             own, sharing nothing with the session (the quickstart's fresh venv, horovodrun's
+#             check, a JVM of its own): in the background beside main, reported after it
 #   main      pytest: Horovod ranks, the shared local-cluster session, servers, browser
 #   old-end   pytest -m old_end in the old end's environment (Python 3.12, TF 2.16, ...):
 #             started first, in the background (scripts/old_end.sh), reported here
 #   cluster   pytest: the two-node namespace cluster (one for the whole tier)
 #
 # Each tier's wall time is printed when it ends, and all of them at the end (also on
-# failure), with this machine's speed (two concurrent TensorFlow+Horovod imports). A tier
-# that fails stops the run. PYTEST_ARGS are passed to every pytest tier; TIERS="fast main"
-# runs only those (setup always runs).
+# failure), with this machine's speed (two concurrent TensorFlow+Horovod imports) and the
+# 15 slowest tests of the run with their tier (scripts/slowest.py, from each tier's JUnit
+# report). A tier that fails stops the run. PYTEST_ARGS are passed to every pytest tier;
+# TIERS="fast main" runs only those (setup always runs).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
-TIERS="${TIERS:-static fast main old-end cluster}"
+TIERS="${TIERS:-static fast beside main old-end cluster}"
 LOGS="${MLFLOW_HVD_TIER_LOGS:-$ROOT/test-output/tiers}"
 mkdir -p "$LOGS"
 read -r -a EXTRA <<< "${PYTEST_ARGS:-}"
@@ -27,10 +32,14 @@ read -r -a EXTRA <<< "${PYTEST_ARGS:-}"
 SUMMARY=()
 START=$(date +%s)
 OLD_END_PID=""
+BESIDE_PID=""
+STATIC_PID=""
 
 clock() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
 
 summary() {
+  echo
+  "$PY" "$ROOT/scripts/slowest.py" "$LOGS" 15 2>/dev/null || true
   echo
   echo "== tier wall times =="
   for line in "${SUMMARY[@]}"; do echo "  $line"; done
@@ -38,11 +47,12 @@ summary() {
 }
 
 finish() {
-  # the old end's background tier, with its tests and their ranks (its own session)
+  # the background tiers, with their tests and their ranks (their own sessions)
   [ -n "$OLD_END_PID" ] && kill -- "-$OLD_END_PID" 2>/dev/null
+  [ -n "$BESIDE_PID" ] && kill -- "-$BESIDE_PID" 2>/dev/null
+  [ -n "$STATIC_PID" ] && kill -- "-$STATIC_PID" 2>/dev/null
   summary
 }
-trap finish EXIT
 
 # tier NAME COMMAND...: runs COMMAND, records its wall time; a failure ends the run
 tier() {
@@ -67,6 +77,9 @@ tier() {
 
 wants() { [[ " $TIERS " == *" $1 "* ]]; }
 
+FAST_EXPR="not slow and not spark and not ranks and not cluster and not beside"
+MAIN_EXPR="(slow or spark or ranks) and not cluster and not beside"
+
 static() {
   # mypy (the longest, one core) beside the others, its output printed after theirs
   local mypy_pid mypy_rc=0 rc=0
@@ -82,10 +95,35 @@ static() {
   [ $rc -eq 0 ] && [ $mypy_rc -eq 0 ]
 }
 
-# the tiers partition the suite by markers (tests/conftest.py adds them from fixtures)
+# the tiers partition the suite by markers (tests/conftest.py adds them from fixtures);
+# each writes a JUnit report for the run's list of slowest tests
 pytest_tier() {
   local name="$1" expr="$2"
-  MLFLOW_HVD_TIER="$name" "$PY" -m pytest -ra -m "$expr" "${EXTRA[@]}"
+  rm -f "$LOGS/$name.xml"
+  MLFLOW_HVD_TIER="$name" "$PY" -m pytest -ra -m "$expr" --junitxml="$LOGS/$name.xml" \
+    -o junit_duration_report=total "${EXTRA[@]}"
+}
+
+# a tier in the background, in a session of its own (this script again, `--tier NAME`): its
+# output goes to its log, its exit code and start and end times (epoch seconds) to
+# <log>.status; sets BG_PID. `background_wait` prints the log and notes its time.
+background() {
+  local name="$1"
+  rm -f "$LOGS/$name.status"
+  setsid bash "$ROOT/scripts/test_tiers.sh" --tier "$name" > "$LOGS/$name.log" 2>&1 &
+  BG_PID=$!
+}
+
+background_wait() {
+  local name="$1" pid="$2" rc=0 status t0 t1
+  wait "$pid" || rc=$?
+  cat "$LOGS/$name.log"
+  if [ -f "$LOGS/$name.status" ]; then
+    read -r status t0 t1 < "$LOGS/$name.status"
+    BACKGROUND_NOTE="$(printf '         (it took %s from %s, beside the tiers before; exit %s)' \
+      "$(clock $((t1 - t0)))" "$(date -u -d "@$t0" +%H:%M:%S)" "$status")"
+  fi
+  return $rc
 }
 
 # The old end's tier runs beside the others from the start: its environment is built (or
@@ -109,9 +147,25 @@ old_end_wait() {
   return $rc
 }
 
+# `--tier NAME`: one background tier (see `background`)
+if [ "${1:-}" = "--tier" ]; then
+  t0=$(date +%s)
+  rc=0
+  case "$2" in
+    static) static || rc=$? ;;
+    beside) pytest_tier beside "beside" || rc=$? ;;
+    *) echo "test_tiers: no background tier $2" >&2; rc=2 ;;
+  esac
+  echo "$rc $t0 $(date +%s)" > "$LOGS/$2.status"
+  exit $rc
+fi
+trap finish EXIT
+
 if wants old-end; then
   rm -f "$LOGS/old-end.status"
-  setsid bash scripts/old_end.sh --status "$LOGS/old-end.status" "${EXTRA[@]}" \
+  rm -f "$LOGS/old-end.xml"
+  setsid bash scripts/old_end.sh --status "$LOGS/old-end.status" \
+    --junitxml="$LOGS/old-end.xml" -o junit_duration_report=total "${EXTRA[@]}" \
     > "$LOGS/old-end.log" 2>&1 &
   OLD_END_PID=$!
   echo "old-end: its environment and tests run in the background (log: $LOGS/old-end.log)"
@@ -135,9 +189,32 @@ import_pair() {
 }
 
 tier setup bash scripts/setup.sh
-wants static && tier static static
-wants fast && tier fast pytest_tier fast "not slow and not spark and not ranks and not cluster"
-wants main && tier main pytest_tier main "(slow or spark or ranks) and not cluster"
+# static beside fast: each mostly one process on one core; static's output after fast's
+if wants static; then
+  background static
+  STATIC_PID=$BG_PID
+fi
+wants fast && tier fast pytest_tier fast "$FAST_EXPR"
+if [ -n "$STATIC_PID" ]; then
+  BACKGROUND_NOTE=""
+  tier static background_wait static "$STATIC_PID"
+  STATIC_PID=""
+  SUMMARY+=("$BACKGROUND_NOTE")
+fi
+# the beside tier from here: the static and fast tiers and the old end keep both cores
+# busy, the main tier's ranks and servers leave about a quarter of them idle
+if wants beside; then
+  background beside
+  BESIDE_PID=$BG_PID
+  echo "beside: its tests run in the background (log: $LOGS/beside.log)"
+fi
+wants main && tier main pytest_tier main "$MAIN_EXPR"
+if [ -n "$BESIDE_PID" ]; then
+  BACKGROUND_NOTE=""
+  tier beside background_wait beside "$BESIDE_PID"
+  BESIDE_PID=""
+  SUMMARY+=("$BACKGROUND_NOTE")
+fi
 OLD_END_NOTE=""
 if wants old-end; then
   tier old-end old_end_wait

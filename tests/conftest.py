@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -58,13 +59,14 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def warm_ranks() -> Iterator[Any]:
-    """Two local ranks kept warm for a module's success-path jobs (``with HorovodRunner``):
-    TensorFlow and Horovod are imported once per module, not once per test. Each ``run`` is
-    still its own job and MLflow run (into the store current at the call); a job that fails
-    replaces the ranks. Module-scoped: a module's tests that check that no worker is left
-    run in other modules."""
+    """Two local ranks kept warm for the success-path jobs of the modules that use them
+    (``with HorovodRunner``): TensorFlow and Horovod are imported once per tier, not once
+    per test or module. Each ``run`` is still its own job and MLflow run (into the store
+    current at the call); a job that fails replaces the ranks. The modules that use them
+    run last in their tier (:func:`pytest_collection_modifyitems`), so the pair outlives no
+    test that checks that no worker is left."""
     from mlflow_hvd import HorovodRunner
 
     with HorovodRunner(np=-2) as runner:
@@ -100,14 +102,53 @@ def loopback_server(_loopback_server: Any) -> Iterator[Any]:
         _loopback_server.restart()
 
 
+_EMPTY_STORE: list[tuple[Path, str]] = []  # (database, its experiment 0's artifact root)
+
+
+def _empty_store() -> tuple[Path, str]:
+    """A store as MLflow creates it (every migration run, experiment 0 in it), made once per
+    test process: creating one costs 1-2 s of migrations, copying its file milliseconds."""
+    if not _EMPTY_STORE:
+        import atexit
+        import shutil
+        import tempfile
+
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        folder = Path(tempfile.mkdtemp(prefix="mlflow-hvd-empty-store-"))
+        atexit.register(shutil.rmtree, folder, True)
+        made = SqlAlchemyStore(f"sqlite:///{folder}/mlflow.db", str(folder / "artifacts"))
+        root = made.get_experiment("0").artifact_location
+        made.engine.dispose()
+        _EMPTY_STORE.append((folder / "mlflow.db", root))
+    return _EMPTY_STORE[0]
+
+
 def sqlite_store(folder: Path) -> str:
     """A new SQLite store in ``folder`` whose artifacts go to ``folder/artifacts``, never into
     the checkout (a SQLite store's default artifact root is ``./mlruns`` of the process that
-    creates it; the namespace cluster's nodes see the checkout)."""
+    creates it; the namespace cluster's nodes see the checkout). It is a copy of an empty
+    store MLflow made, experiment 0's artifact location set to this folder's, as MLflow
+    would have written it."""
+    import shutil
+    import sqlite3
+
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    uri = f"sqlite:///{folder}/mlflow.db"
-    SqlAlchemyStore(uri, str(folder / "artifacts"))  # creates it, experiment 0 included
+    empty, empty_root = _empty_store()
+    database = folder / "mlflow.db"
+    shutil.copyfile(empty, database)
+    root = empty_root.replace(str(empty.parent / "artifacts"), str(folder / "artifacts"))
+    with contextlib.closing(sqlite3.connect(database)) as db, db:
+        changed = db.execute("UPDATE experiments SET artifact_location = ? WHERE "
+                             "experiment_id = 0", (root,)).rowcount
+    if changed != 1 or root == empty_root:
+        raise RuntimeError(f"the empty store's experiment 0 ({empty_root}) was not moved to "
+                           f"{folder}")
+    uri = f"sqlite:///{database}"
+    opened = SqlAlchemyStore(uri, str(folder / "artifacts"))  # MLflow's check of the schema
+    assert opened.get_experiment("0").artifact_location == root
+    opened.engine.dispose()
     return uri
 
 
@@ -174,11 +215,16 @@ MARKED_BY_FIXTURE = {
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    warm_modules = set()
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):
             marker = MARKED_BY_FIXTURE.get(fixture)
             if marker is not None and item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
+            if fixture == "warm_ranks":
+                warm_modules.add(item.nodeid.split("::")[0])
+    # the modules on the session's warm ranks last, whole and in their order (a stable sort)
+    items.sort(key=lambda item: item.nodeid.split("::")[0] in warm_modules)
 
 
 FAST_TIER = os.environ.get("MLFLOW_HVD_TIER") == "fast"

@@ -38,6 +38,7 @@ def test_check_loads_horovod_as_a_rank_does_and_reports_gloo() -> None:
         + (f" and PyTorch {torch}" if torch else ""))
 
 
+@pytest.mark.beside  # horovodrun's own check: ~25 s of imports in its own processes
 def test_the_main_environment_builds_horovod_with_pytorch_and_its_check_build_says_so() -> None:
     """horovodrun's own report of the build: Gloo, TensorFlow and PyTorch, no MPI."""
     assert horovod.target().torch == "2.13.0+cpu"

@@ -110,6 +110,7 @@ def test_a_build_past_its_deadline_is_stopped_and_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.beside  # a JVM of its own running the archive's whole workload: nothing shared
 def test_a_jvm_that_cannot_write_the_archive_is_a_failed_build(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", jvm.__name__, str(tmp_path / "no-such-dir" / "x.jsa"), "120"],

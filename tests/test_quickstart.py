@@ -18,7 +18,8 @@ import pytest
 from conftest import REPO
 from services import stderr_tail
 
-pytestmark = [pytest.mark.slow]
+# shares nothing with the session (its own copy, venv and job): beside the other tiers
+pytestmark = [pytest.mark.slow, pytest.mark.beside]
 
 
 def page_commands() -> str:

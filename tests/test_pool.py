@@ -181,11 +181,14 @@ def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation() -> 
 def test_a_rank_lost_after_taking_a_job_but_before_starting_it_reruns_the_job(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="mlflow_hvd")
+    caplog.set_level(logging.DEBUG, logger="mlflow_hvd")
     runner = HorovodRunner(np=-2, job=JobConfig(stop_grace=2), tracking=TrackingConfig(track=False))
     with runner:
         assert runner.run(workers.echo, x=1)["kwargs"] == {"x": 1}
         (rank_1,) = [p for p in worker_processes() if p.environ().get("HOROVOD_RANK") == "1"]
+        # stopped only once it has asked for the next job (a busy machine may take seconds)
+        wait_until(lambda: any(r.getMessage() == "generation 1: rank 1 asks for the next job"
+                               for r in caplog.records), 60, "rank 1 to ask for the next job")
         rank_1.send_signal(signal.SIGSTOP)  # it asked for the next job; it will not take it
         done: dict[str, Any] = {}
         second = threading.Thread(target=lambda: done.update(out=runner.run(workers.echo, x=2)))

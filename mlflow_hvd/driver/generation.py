@@ -213,6 +213,7 @@ class Generation:
         """A warm rank finished its job: hold it until the next job, the generation's close,
         or the idle limit the ranks were started with, whichever comes first."""
         idle = Deadline.after(self._idle_timeout)
+        log.debug("%s: rank %d asks for the next job", self.name, request.rank)
         with self._cond:
             self._waiting.add(request.rank)
             self._cond.notify_all()

@@ -28,6 +28,12 @@ _TF_LOG = Path(os.environ.setdefault(
     "MLFLOW_HVD_TEST_TF_LOG", f"{os.environ.get('TMPDIR', '/tmp')}/mlflow-hvd-tf-{os.getpid()}.log"
 ))
 _TF_LOG.unlink(missing_ok=True)
+# Marks the processes this test session starts: ranks inherit it with the host's environment
+# (local ranks from this process, Spark's executors from the JVM started here, drivers and
+# nodes from the commands the tests run), so a tier running beside this one, with the same
+# interpreter, has workers of its own that :func:`worker_processes` does not count.
+SESSION_MARK = "MHVD_TEST_SESSION"
+os.environ[SESSION_MARK] = f"{os.getpid()}-{os.urandom(4).hex()}"
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO / "tests" / "audit"), *filter(None, [os.environ.get("PYTHONPATH")])]
 )
@@ -265,16 +271,18 @@ def rank_imports() -> list[str]:
 
 
 def worker_processes() -> list[psutil.Process]:
-    """Live mlflow_hvd worker processes of this checkout's interpreter on this machine
-    (another checkout's test suite may run at the same time)."""
+    """Live mlflow_hvd worker processes of this checkout's interpreter started under this
+    test session (another checkout's suite, or another tier, may run at the same time);
+    orphans included: the mark is in their environment, not in their parentage."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = proc.info["cmdline"] or []
             ours = bool(cmd) and cmd[0] == sys.executable and "mlflow_hvd.rank.worker" in cmd
-            if ours and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            if (ours and proc.info["status"] != psutil.STATUS_ZOMBIE
+                    and proc.environ().get(SESSION_MARK) == os.environ[SESSION_MARK]):
                 found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except psutil.Error:
             continue
     return found
 

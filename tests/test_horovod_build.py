@@ -73,17 +73,22 @@ def _unpacked(sdist: Path, into: Path) -> Path:
     return source
 
 
-@pytest.mark.parametrize(("tensorflow", "torch", "names"), [
-    ("2.16.2", "", []), ("2.18.1", "", []), ("2.18.1", "2.13.0+cpu", ["cxx17"]),
-    ("2.19.1", "", ["xla-ops"]), ("2.20.0", "", ["xla-ops"]),
-    ("2.21.0", "", ["xla-ops"]), ("2.21.0", "2.13.0+cpu", ["cxx17", "xla-ops"]),
-    ("2.21.0rc1", "2.14.1", ["cxx17", "xla-ops"]),
+@pytest.mark.parametrize(("tensorflow", "torch", "for_cpu", "names"), [
+    ("2.16.2", "", False, []), ("2.18.1", "", False, []),
+    ("2.18.1", "2.13.0+cpu", False, ["cxx17"]),
+    ("2.19.1", "", False, ["xla-ops"]), ("2.20.0", "", False, ["xla-ops"]),
+    ("2.21.0", "", False, ["xla-ops"]), ("2.21.0", "2.13.0+cpu", False, ["cxx17", "xla-ops"]),
+    # a CUDA build of PyTorch (PyPI's) where a toolkit is usable: Horovod's own CUDA path
+    ("2.21.0rc1", "2.14.1", False, ["cxx20", "xla-ops"]),
+    # ... and on a machine without one: built for CPU tensors
+    ("2.21.0", "2.14.1", True, ["cxx20", "torch-cpu", "xla-ops"]),
+    ("2.18.1", "2.13.0", True, ["cxx17", "torch-cpu"]),
 ])
 def test_each_versions_patches_apply_to_the_released_sdist_and_change_only_their_lines(
         sdist: Path, released: Path, patched_trees: dict[tuple[str, ...], Path],
-        tmp_path_factory: pytest.TempPathFactory, tensorflow: str, torch: str,
+        tmp_path_factory: pytest.TempPathFactory, tensorflow: str, torch: str, for_cpu: bool,
         names: list[str]) -> None:
-    patches = horovod_patches.needed(tensorflow, torch)
+    patches = horovod_patches.needed(horovod_patches.Build(tensorflow, torch, for_cpu))
     assert [p.name for p in patches] == names
     if not patches:  # the build compiles the sdist as released
         return
@@ -109,6 +114,14 @@ def test_each_versions_patches_apply_to_the_released_sdist_and_change_only_their
     if "xla-ops" in names:  # the XLA ops' file compiles to nothing on TensorFlow >= 2.19
         assert changed[("horovod/tensorflow/xla_mpi_ops.cc", 23)][1] == (
             "#if TENSORFLOW_VERSION >= 2006000000 && TENSORFLOW_VERSION < 2019000000")
+    standard = {"cxx17": "17", "cxx20": "20"}
+    for name in set(standard) & set(names):  # torch's extension; Gloo and the rest C++17
+        assert changed[("horovod/torch/CMakeLists.txt", 67)][1] == (
+            f"    set(CMAKE_CXX_STANDARD {standard[name]})")
+        assert changed[("CMakeLists.txt", 19)][1] == "set(CMAKE_CXX_STANDARD 17)"
+    if "torch-cpu" in names:  # FindPytorch sees a CPU build of PyTorch
+        assert changed[("cmake/Modules/FindPytorch.cmake", 25)][1] == (
+            'execute_process(COMMAND ${PY_EXE} -c "print(False)"')
 
 
 def test_a_patch_refuses_a_source_it_was_not_written_for(sdist: Path, tmp_path: Path) -> None:
@@ -118,7 +131,9 @@ def test_a_patch_refuses_a_source_it_was_not_written_for(sdist: Path, tmp_path: 
         "    set(CMAKE_CXX_STANDARD 14)", "    set(CMAKE_CXX_STANDARD 11)"))
     top = (source / "CMakeLists.txt").read_text()
     with pytest.raises(horovod.InstallError) as info:
-        horovod_patches.apply(source, horovod_patches.needed("2.21.0", "2.13.0+cpu"), "0.28.1")
+        horovod_patches.apply(
+            source, horovod_patches.needed(horovod_patches.Build("2.21.0", "2.13.0+cpu")),
+            "0.28.1")
     assert str(info.value) == (
         "cannot apply the cxx17 patch to Horovod 0.28.1: line 67 of "
         "horovod/torch/CMakeLists.txt is '    set(CMAKE_CXX_STANDARD 11)', expected "
@@ -181,3 +196,82 @@ def test_a_wheel_without_the_pytorch_extension_is_refused(tmp_path: Path) -> Non
         "the Horovod wheel built for TensorFlow 2.18.1 and PyTorch 2.13.0+cpu lacks "
         f"horovod/torch/mpi_lib_v2{suffix}; nothing was cached or installed")
     horovod.check_wheel(wheel, horovod.Target("0.28.1", "2.18.1", "3.11", "x86_64-abc"))
+
+
+def _fake_torch(site: Path, version: str, cuda: str | None) -> Path:
+    """A PyTorch distribution as pip installs one, with its ``torch/version.py``."""
+    _fake_distribution(site, "torch", version)
+    (site / "torch").mkdir()
+    (site / "torch" / "version.py").write_text(
+        "from typing import Optional\n\n__all__ = ['__version__', 'cuda']\n"
+        f"__version__ = '{version}'\ncuda: Optional[str] = {cuda!r}\ngit_version = 'abc'\n")
+    return site
+
+
+def _toolkit(root: Path, nvcc: bool = True, cudart: str | None = "lib64") -> Path:
+    if nvcc:
+        (root / "bin").mkdir(parents=True)
+        (root / "bin" / "nvcc").write_text("#!/bin/sh\n")
+        (root / "bin" / "nvcc").chmod(0o755)
+    if cudart:
+        (root / cudart).mkdir(parents=True)
+        (root / cudart / "libcudart.so.13").write_bytes(b"")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def test_a_cuda_build_of_pytorch_is_read_from_its_version_file(tmp_path: Path) -> None:
+    from mlflow_hvd.cli import cuda_toolkit
+
+    cuda = _fake_torch(tmp_path / "cuda", "2.14.1", "13.0")
+    cpu = _fake_torch(tmp_path / "cpu", "2.13.0+cpu", None)
+    assert cuda_toolkit.torch_cuda([str(cuda)]) == "13.0"
+    assert cuda_toolkit.torch_cuda([str(cpu)]) == ""
+    assert cuda_toolkit.torch_cuda([str(tmp_path / "none")]) == ""
+
+
+def test_a_toolkit_is_usable_only_with_nvcc_and_its_runtime_library(tmp_path: Path) -> None:
+    from mlflow_hvd.cli import cuda_toolkit
+
+    whole = _toolkit(tmp_path / "whole", cudart="lib")
+    assert cuda_toolkit.find_toolkit({"CUDA_HOME": str(whole)}).usable
+    # a nvcc on PATH whose prefix has no runtime (what this machine image carries)
+    part = _toolkit(tmp_path / "part", cudart=None)
+    found = cuda_toolkit.find_toolkit({"PATH": str(part / "bin")})
+    assert (found.home, found.usable) == (str(part), False)
+    assert found.describe() == (
+        f"the CUDA toolkit at {part} is not usable: no libcudart under {part / 'lib64'} or "
+        f"{part / 'lib'}")
+    libs_only = _toolkit(tmp_path / "libs", nvcc=False)
+    assert cuda_toolkit.find_toolkit({"CUDA_PATH": str(libs_only)}).missing == (
+        f"no {libs_only / 'bin' / 'nvcc'}")
+    # Horovod's own setting first
+    assert cuda_toolkit.find_toolkit({"HOROVOD_CUDA_HOME": str(whole),
+                                      "CUDA_HOME": str(part)}).home == str(whole)
+
+
+def test_pytorch_is_built_for_cpu_tensors_only_when_cuda_but_no_toolkit_and_no_gpu_ops(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow_hvd.cli import cuda_toolkit
+
+    part = str(_toolkit(tmp_path / "part", cudart=None))
+    whole = str(_toolkit(tmp_path / "whole"))
+    monkeypatch.setattr(cuda_toolkit, "torch_cuda", lambda path=None: "13.0")
+    assert cuda_toolkit.torch_for_cpu({"CUDA_HOME": part}) is True
+    assert cuda_toolkit.torch_for_cpu({"CUDA_HOME": whole}) is False  # Horovod's own build
+    assert cuda_toolkit.torch_for_cpu({"CUDA_HOME": whole, "HOROVOD_GPU_OPERATIONS": "NCCL"}
+                                      ) is False
+    with pytest.raises(horovod.InstallError) as info:
+        cuda_toolkit.torch_for_cpu({"CUDA_HOME": part, "HOROVOD_GPU_OPERATIONS": "NCCL",
+                                    "HOROVOD_GPU_ALLREDUCE": "NCCL"})
+    assert str(info.value) == (
+        "HOROVOD_GPU_OPERATIONS=NCCL, HOROVOD_GPU_ALLREDUCE=NCCL asks Horovod for GPU "
+        f"operations, but the CUDA toolkit at {part} is not usable: no libcudart under "
+        f"{part}/lib64 or {part}/lib. Install the CUDA toolkit 13.0 that PyTorch was built "
+        "with (nvcc and its runtime library) and set CUDA_HOME to it, or unset "
+        "HOROVOD_GPU_OPERATIONS, HOROVOD_GPU_ALLREDUCE for a build for CPU tensors; nothing "
+        "was built")
+    monkeypatch.setattr(cuda_toolkit, "torch_cuda", lambda path=None: "")
+    # a CPU build of PyTorch: Horovod's own build, whatever is asked
+    assert cuda_toolkit.torch_for_cpu({"CUDA_HOME": part, "HOROVOD_GPU_OPERATIONS": "NCCL"}
+                                      ) is False

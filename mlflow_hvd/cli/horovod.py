@@ -42,7 +42,7 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mlflow_hvd.cli import horovod_patches
+from mlflow_hvd.cli import cuda_toolkit, horovod_patches
 from mlflow_hvd.common import cache, compat
 from mlflow_hvd.common.horovod_probe import load_extensions
 from mlflow_hvd.errors import InstallError, MlflowHvdError, UnsupportedVersionError
@@ -78,13 +78,17 @@ class Target:
         torch = f"-torch{self.torch}" if self.torch else ""
         patched = ""
         if self.patches:
-            digest = hashlib.sha256(repr(self.patch_set()).encode()).hexdigest()[:8]
-            patched = f"-p{digest}"  # a changed patch is a new build, never a stale wheel
+            # what is compiled: each patch's edits (a changed edit is a new build, never a
+            # stale wheel; a reworded reason or condition is the same build)
+            edits = [(p.name, p.edits) for p in self.patch_set()]
+            digest = hashlib.sha256(repr(edits).encode()).hexdigest()[:8]
+            patched = f"-p{digest}"
         return (f"horovod-{self.horovod}-tf{self.tensorflow}{torch}-py{self.python}-"
                 f"{self.cpu}{patched}")
 
     def patch_set(self) -> tuple[horovod_patches.Patch, ...]:
-        return horovod_patches.needed(self.tensorflow, self.torch)
+        names = set(filter(None, self.patches.split(",")))
+        return tuple(p for p in horovod_patches.PATCHES if p.name in names)
 
     def flags(self) -> dict[str, str]:
         """Horovod's build switches for this target."""
@@ -122,7 +126,9 @@ def target() -> Target:
     compat.check_tensorflow(found, " (installed here)")
     torch = compat.TORCH.installed()
     compat.TORCH.check(torch, " (installed here)")
-    patches = ",".join(p.name for p in horovod_patches.needed(found, torch or ""))
+    for_cpu = bool(torch) and cuda_toolkit.torch_for_cpu(os.environ)
+    build = horovod_patches.Build(found, torch or "", for_cpu)
+    patches = ",".join(p.name for p in horovod_patches.needed(build))
     return Target(VERSION, found, f"{sys.version_info[0]}.{sys.version_info[1]}", cpu_id(),
                   torch or "", patches)
 
@@ -175,6 +181,8 @@ def build_wheel(t: Target, dest: Path) -> Path:
             sdist = patched_sdist(sdist, work / "patched", t.patch_set())
         env = dict(os.environ, **t.flags(), MAKEFLAGS=f"-j{os.cpu_count() or 1}")
         patched = f", patched: {t.patches}" if t.patches else ""
+        if horovod_patches.TORCH_CPU in t.patch_set():
+            print(cuda_toolkit.describe_cpu_build(), flush=True)
         print(f"building Horovod {t.horovod} against {t.frameworks()} on Python {t.python}"
               f"{patched} ({'4-8' if t.torch else '3-5'} minutes on 2 cores) ...", flush=True)
         _pip("wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",

@@ -10,8 +10,14 @@ sdist is never guessed at). A build that needs no patch compiles the sdist uncha
 ==============  ==============================================  ==========================
 patch           applies to                                      why
 ==============  ==============================================  ==========================
-``cxx17``       builds with PyTorch                             PyTorch's headers refuse
+``cxx17``       builds with PyTorch < 2.14                      PyTorch's headers refuse
                                                                 C++14
+``cxx20``       builds with PyTorch >= 2.14                     PyTorch 2.14's headers
+                                                                refuse anything before
+                                                                C++20
+``torch-cpu``   a CUDA build of PyTorch (every Linux wheel on   Horovod then asks for a
+                PyPI) where no CUDA toolkit is usable and no    CUDA toolkit and stops
+                GPU operation was asked for                     without one
 ``xla-ops``     TensorFlow >= 2.19                              TF's XLA headers include
                                                                 headers its wheels no
                                                                 longer ship
@@ -39,6 +45,16 @@ class Edit:
 
 
 @dataclass(frozen=True)
+class Build:
+    """What decides which patches a build needs: its frameworks, and whether its PyTorch is
+    a CUDA build compiled here for CPU tensors only (:func:`cpu_only_torch`)."""
+
+    tensorflow: str
+    torch: str = ""  # "": a build without PyTorch
+    torch_for_cpu: bool = False
+
+
+@dataclass(frozen=True)
 class Patch:
     """A set of edits made together, under a condition on the build's frameworks."""
 
@@ -47,14 +63,38 @@ class Patch:
     edits: tuple[Edit, ...]
     tensorflow_from: str = ""  # applies from this TensorFlow on ("": any)
     with_torch: bool = False  # applies only to builds with PyTorch
+    torch_from: str = ""  # with PyTorch from this release on ("": any)
+    torch_below: str = ""  # with PyTorch before this release ("": any)
+    torch_for_cpu: bool = False  # only to a CUDA-built PyTorch built here for CPU tensors
 
-    def applies(self, tensorflow: str, torch: str) -> bool:
-        if self.with_torch and not torch:
+    def applies(self, build: Build) -> bool:
+        if self.with_torch and not build.torch:
             return False
-        if self.tensorflow_from:
-            release = Version(Version(tensorflow).base_version)
-            return release >= Version(self.tensorflow_from)
-        return True
+        if self.torch_for_cpu and not build.torch_for_cpu:
+            return False
+        if build.torch and (self.torch_from or self.torch_below):
+            release = _release(build.torch)
+            if self.torch_from and release < Version(self.torch_from):
+                return False
+            if self.torch_below and release >= Version(self.torch_below):
+                return False
+        return not self.tensorflow_from or (
+            _release(build.tensorflow) >= Version(self.tensorflow_from))
+
+
+def _release(found: str) -> Version:
+    return Version(Version(found).base_version)
+
+
+TORCH_CXX20 = "2.14"  # PyTorch's headers need C++20 from this release on
+# Horovod's own sources, Gloo and the TensorFlow extension: C++17 in every build with PyTorch
+TOP_CXX17 = Edit("CMakeLists.txt", 19, "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
+
+
+def _torch_standard(standard: str) -> Edit:
+    """The C++ standard Horovod's PyTorch extension is compiled as."""
+    return Edit("horovod/torch/CMakeLists.txt", 67, "    set(CMAKE_CXX_STANDARD 14)",
+                f"    set(CMAKE_CXX_STANDARD {standard})")
 
 
 CXX17 = Patch(
@@ -62,12 +102,40 @@ CXX17 = Patch(
     "Horovod compiles its PyTorch extension as C++14, which PyTorch's headers refuse (`C++17 or "
     "later compatible compiler is required to use PyTorch`); Horovod's main branch made the "
     "same change after the release (horovod#3998)",
+    (TOP_CXX17, _torch_standard("17")),
+    with_torch=True,
+    torch_below=TORCH_CXX20,
+)
+CXX20 = Patch(
+    "cxx20",
+    "PyTorch 2.14's headers refuse anything before C++20 (torch/csrc/api/include/torch/all.h: "
+    "`C++20 or later compatible compiler is required to use PyTorch`): the PyTorch extension "
+    "(with Horovod's common sources, which it compiles again) is built as C++20. Gloo and the "
+    "rest are built as C++17, as the cxx17 patch does: a Gloo built as C++14 defines "
+    "gloo::rendezvous::Store::kDefaultTimeout out of line, which C++17 and later make an "
+    "inline variable in Horovod's http_store.cc, and the link then finds it twice",
+    (TOP_CXX17, _torch_standard("20")),
+    with_torch=True,
+    torch_from=TORCH_CXX20,
+)
+TORCH_CPU = Patch(
+    "torch-cpu",
+    "Every Linux wheel of PyTorch on PyPI is a CUDA build; Horovod then compiles its PyTorch "
+    "extension for CUDA and asks for a CUDA toolkit (find_package(CUDAToolkit REQUIRED), "
+    "then torch's CUDA libraries), which a CPU machine lacks or holds only in part. Where no "
+    "usable toolkit is found and no GPU operation was asked for (HOROVOD_GPU_OPERATIONS, "
+    "HOROVOD_GPU_ALLREDUCE, ...), the extension is built as for a CPU build of PyTorch: it "
+    "handles CPU tensors, as every rank on such a machine uses. With a toolkit, or GPU "
+    "operations asked for, the build is Horovod's own",
     (
-        Edit("CMakeLists.txt", 19, "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)"),
-        Edit("horovod/torch/CMakeLists.txt", 67, "    set(CMAKE_CXX_STANDARD 14)",
-             "    set(CMAKE_CXX_STANDARD 17)"),
+        Edit("cmake/Modules/FindPytorch.cmake", 25,
+             'execute_process(COMMAND ${PY_EXE} -c "import torch; from torch.utils.cpp_extension'
+             ' import CUDA_HOME; print(True if ((torch.version.cuda is not None) and (CUDA_HOME'
+             ' is not None)) else False)"',
+             'execute_process(COMMAND ${PY_EXE} -c "print(False)"'),
     ),
     with_torch=True,
+    torch_for_cpu=True,
 )
 XLA_OPS = Patch(
     "xla-ops",
@@ -82,12 +150,12 @@ XLA_OPS = Patch(
     ),
     tensorflow_from="2.19",
 )
-PATCHES = (CXX17, XLA_OPS)
+PATCHES = (CXX17, CXX20, TORCH_CPU, XLA_OPS)
 
 
-def needed(tensorflow: str, torch: str) -> tuple[Patch, ...]:
-    """The patches a build against ``tensorflow`` (and ``torch``, "" for none) applies."""
-    return tuple(p for p in PATCHES if p.applies(tensorflow, torch))
+def needed(build: Build) -> tuple[Patch, ...]:
+    """The patches ``build`` applies, in the order of :data:`PATCHES`."""
+    return tuple(p for p in PATCHES if p.applies(build))
 
 
 def apply(source: Path, patches: tuple[Patch, ...], version: str) -> None:

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-old-end lint typecheck docs clean lock
+.PHONY: setup demo test test-old-end test-new-end lint typecheck docs clean lock
 
 setup:
 	bash scripts/setup.sh
@@ -34,7 +34,13 @@ test:
 # The old end of the supported ranges (Python 3.12, TensorFlow 2.16, pyspark 3.5, MLflow
 # 3.10) in its own venv, installed as into a user's existing environment; `make test` runs it.
 test-old-end:
-	bash scripts/old_end.sh $(PYTEST_ARGS)
+	bash scripts/end_tier.sh old $(PYTEST_ARGS)
+
+# The new end (Python 3.13, TensorFlow 2.21, PyTorch 2.14 as PyPI gives it on Linux: its CUDA
+# build, Horovod built for CPU tensors against it, pyspark 4.3, MLflow 3.17) in its own venv,
+# installed as into a user's existing environment; `make test` runs it.
+test-new-end:
+	bash scripts/end_tier.sh new $(PYTEST_ARGS)
 
 # Re-resolve the main environment from pyproject.toml under requirements/pins.txt, keeping the
 # versions already locked where they still fit (UPGRADE=1: take the newest): the whole tested
@@ -59,6 +65,10 @@ lock: setup
 	$(VENV)/bin/uv pip compile pyproject.toml requirements/old-end.in --extra tensorflow-cpu \
 	  --generate-hashes --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
 	  --no-header $(if $(UPGRADE),--upgrade) -o requirements/lock-old-end-py3.12.txt
+	$(VENV)/bin/uv pip compile pyproject.toml requirements/new-end.in --extra tensorflow-cpu \
+	  --extra torch --generate-hashes --python-version 3.13 \
+	  --python-platform x86_64-manylinux_2_28 --no-header --no-python-downloads \
+	  $(if $(UPGRADE),--upgrade) -o requirements/lock-new-end-py3.13.txt
 
 clean:
-	rm -rf $(VENV) .venv-old-end site test-output .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns spark-warehouse
+	rm -rf $(VENV) .venv-old-end .venv-new-end site test-output .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns spark-warehouse

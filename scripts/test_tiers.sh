@@ -10,7 +10,10 @@
 #             check, a JVM of its own): in the background beside main, reported after it
 #   main      pytest: Horovod ranks, the shared local-cluster session, servers, browser
 #   old-end   pytest -m old_end in the old end's environment (Python 3.12, TF 2.16, ...):
-#             started first, in the background (scripts/old_end.sh), reported here
+#             started first, in the background (scripts/end_tier.sh old), reported here
+#   new-end   pytest -m new_end in the new end's environment (Python 3.13, TF 2.21, PyTorch
+#             2.14's CUDA build, ...): started first, in the background (scripts/end_tier.sh
+#             new), reported here
 #   cluster   pytest: the two-node namespace cluster (one for the whole tier)
 #
 # Each tier's wall time is printed when it ends, and all of them at the end (also on
@@ -24,14 +27,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
-TIERS="${TIERS:-static fast beside main old-end cluster}"
+TIERS="${TIERS:-static fast beside main old-end new-end cluster}"
 LOGS="${MLFLOW_HVD_TIER_LOGS:-$ROOT/test-output/tiers}"
 mkdir -p "$LOGS"
 read -r -a EXTRA <<< "${PYTEST_ARGS:-}"
 
 SUMMARY=()
 START=$(date +%s)
-OLD_END_PID=""
+END_PIDS=()
 BESIDE_PID=""
 STATIC_PID=""
 
@@ -48,7 +51,7 @@ summary() {
 
 finish() {
   # the background tiers, with their tests and their ranks (their own sessions)
-  [ -n "$OLD_END_PID" ] && kill -- "-$OLD_END_PID" 2>/dev/null
+  for pid in "${END_PIDS[@]}"; do [ -n "$pid" ] && kill -- "-$pid" 2>/dev/null; done
   [ -n "$BESIDE_PID" ] && kill -- "-$BESIDE_PID" 2>/dev/null
   [ -n "$STATIC_PID" ] && kill -- "-$STATIC_PID" 2>/dev/null
   summary
@@ -126,24 +129,36 @@ background_wait() {
   return $rc
 }
 
-# The old end's tier runs beside the others from the start: its environment is built (or
-# found in the cache) while the main one is set up, then its tests run beside the static and
-# fast tiers (its own interpreter, Spark sessions and servers; its rank checks see only its
-# own interpreter's ranks). It also uses the namespace cluster, so the cluster tier waits
+# The ends' tiers run beside the others from the start: each environment is built (or found
+# in the cache) while the main one is set up, then its tests run beside the static and fast
+# tiers (its own interpreter, Spark sessions and servers; its rank checks see only its own
+# interpreter's ranks). The old end also uses the namespace cluster, so the cluster tier waits
 # for it. Its wall time here is the wait; the time its tests took is printed below it.
-old_end_wait() {
-  local rc=0 status t0 t1
-  wait "$OLD_END_PID" || rc=$?
-  OLD_END_PID=""
-  cat "$LOGS/old-end.log"
-  if [ -f "$LOGS/old-end.status" ]; then
-    read -r status t0 t1 < "$LOGS/old-end.status"
-    OLD_END_NOTE="$(printf '         (its tests took %s from %s, beside the tiers before; exit %s)' \
+declare -A END_PID=()
+start_end() {
+  local end="$1" name="$1-end"
+  rm -f "$LOGS/$name.status" "$LOGS/$name.xml"
+  setsid bash scripts/end_tier.sh "$end" --status "$LOGS/$name.status" \
+    --junitxml="$LOGS/$name.xml" -o junit_duration_report=total "${EXTRA[@]}" \
+    > "$LOGS/$name.log" 2>&1 &
+  END_PID[$end]=$!
+  END_PIDS+=($!)
+  echo "$name: its environment and tests run in the background (log: $LOGS/$name.log)"
+}
+
+end_wait() {
+  local end="$1" name="$1-end" rc=0 status t0 t1
+  wait "${END_PID[$end]}" || rc=$?
+  cat "$LOGS/$name.log"
+  END_NOTE=""
+  if [ -f "$LOGS/$name.status" ]; then
+    read -r status t0 t1 < "$LOGS/$name.status"
+    END_NOTE="$(printf '         (its tests took %s from %s, beside the tiers before; exit %s)' \
       "$(clock $((t1 - t0)))" "$(date -u -d "@$t0" +%H:%M:%S)" "$status")"
   else
-    echo "old-end: its environment could not be prepared (above)"
+    echo "$name: its environment could not be prepared (above)"
   fi
-  if [ $rc -ne 0 ] && [ -n "$OLD_END_NOTE" ]; then SUMMARY+=("$OLD_END_NOTE"); fi
+  if [ $rc -ne 0 ] && [ -n "$END_NOTE" ]; then SUMMARY+=("$END_NOTE"); fi
   return $rc
 }
 
@@ -161,15 +176,8 @@ if [ "${1:-}" = "--tier" ]; then
 fi
 trap finish EXIT
 
-if wants old-end; then
-  rm -f "$LOGS/old-end.status"
-  rm -f "$LOGS/old-end.xml"
-  setsid bash scripts/old_end.sh --status "$LOGS/old-end.status" \
-    --junitxml="$LOGS/old-end.xml" -o junit_duration_report=total "${EXTRA[@]}" \
-    > "$LOGS/old-end.log" 2>&1 &
-  OLD_END_PID=$!
-  echo "old-end: its environment and tests run in the background (log: $LOGS/old-end.log)"
-fi
+wants old-end && start_end old
+wants new-end && start_end new
 
 # this machine's speed today, printed beside the tiers' times (machines vary ~2.5x by day):
 # the wall time of two concurrent `import tensorflow, horovod.tensorflow`, measured after the
@@ -215,11 +223,12 @@ if [ -n "$BESIDE_PID" ]; then
   BESIDE_PID=""
   SUMMARY+=("$BACKGROUND_NOTE")
 fi
-OLD_END_NOTE=""
-if wants old-end; then
-  tier old-end old_end_wait
-  SUMMARY+=("$OLD_END_NOTE")
-fi
+for end in new old; do
+  if wants "$end-end"; then
+    tier "$end-end" end_wait "$end"
+    SUMMARY+=("$END_NOTE")
+  fi
+done
 wants cluster && tier cluster pytest_tier cluster "cluster"
 import_pair  # the first warms the files
 import_pair

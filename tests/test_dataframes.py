@@ -65,6 +65,7 @@ def test_skewed_partitions_give_every_rank_the_same_steps(spark: Any) -> None:
     assert ranks[0]["rows"] >= (3_040 - 5) // 2
 
 
+@pytest.mark.new_end
 def test_keras_fit_and_a_torch_loop_train_on_dataframe_shards(spark: Any) -> None:
     data = frame(spark, 2_000, 3)
     with HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)) as runner:

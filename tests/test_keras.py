@@ -19,6 +19,7 @@ from mlflow_hvd.rank.tracking.signature import declared_signature
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.new_end
 @pytest.mark.old_end
 def test_two_ranks_on_half_batches_match_one_rank_on_the_full_batch(warm_ranks: Any) -> None:
     one = HorovodRunner(np=-1, tracking=TrackingConfig(track=False)).run(workers.keras_numerics,

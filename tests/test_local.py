@@ -24,6 +24,7 @@ from mlflow_hvd.driver import DriverSettings, Job, run_job
 from mlflow_hvd.errors import LIFECYCLE_HINT
 
 
+@pytest.mark.new_end
 @pytest.mark.ranks
 @pytest.mark.old_end
 def test_two_local_ranks_run_real_collectives(capsys: pytest.CaptureFixture[str]) -> None:

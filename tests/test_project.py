@@ -56,6 +56,7 @@ def _check_trained_run(run: Any) -> None:
     assert accuracy > 0.5, accuracy  # ten classes: chance is 0.1
 
 
+@pytest.mark.new_end
 @pytest.mark.old_end
 @pytest.mark.slow
 def test_mlflow_run_trains_on_two_spark_ranks_from_a_copy_in_another_directory(

@@ -18,7 +18,7 @@ import pytest
 import workers
 from conftest import REPO
 
-from mlflow_hvd import HorovodRunner, WorkerFailedError
+from mlflow_hvd import HorovodRunner, JobConfig, WorkerFailedError
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +53,47 @@ def _model_files(model_id: str) -> list[str]:
     location = client.get_logged_model(model_id).artifact_location
     return sorted(os.path.basename(a.path) for a in mlflow.artifacts.list_artifacts(
         f"{location}/data"))
+
+
+@pytest.mark.new_end
+def test_horovod_torch_collectives_are_exact_and_its_optimizer_keeps_ranks_equal(
+    warm_ranks: Any,
+) -> None:
+    """horovod.torch as built here (against PyTorch's CPU build in the main environment, its
+    CUDA build for CPU tensors in the new end's): exact collectives, and two ranks that see
+    different data end every step with the same weights."""
+    out = warm_ranks.run(workers.torch_collectives, steps=3)
+    assert out["size"] == 2
+    assert (out["sum"], out["mean"], out["broadcast"]) == ([3.0], [0.5], [100.0])
+    assert out["gathered"] == [0, 1, 10, 11]
+    first, second = out["initial"]
+    assert first != second  # each rank drew its own weights ...
+    assert out["broadcast_initial"] == [first, first]  # ... and took rank 0's
+    losses_0, losses_1 = out["losses"]
+    assert all(a != b for a, b in zip(losses_0, losses_1, strict=True))  # its own data
+    weights_0, weights_1 = out["weights"]
+    assert weights_0 == weights_1  # averaged gradients: the same step everywhere
+    assert weights_0 != first  # and training moved them
+
+
+@pytest.mark.new_end
+def test_a_torch_job_that_fails_resumes_from_its_last_checkpoint(store: str) -> None:
+    """Rank 1 raises at the start of epoch 1 on the first attempt; the second attempt loads
+    rank 0's checkpoint of epoch 0 (model and optimizer) and goes on: no epoch lost or
+    logged twice, the ranks equal at the end."""
+    runner = HorovodRunner(np=-2, job=JobConfig(max_failures=1, stop_grace=2))
+    result = runner.run(digits_torch.train, epochs=2, fail_at_epoch=1, log_model=False)
+    assert len(result["checksums"]) == 2 and len(set(result["checksums"])) == 1
+    client = mlflow.MlflowClient()
+    run_id = str(runner.last_run_id)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run_id}@epoch_0"
+    for key in ("loss", "val_loss"):
+        assert [m.step for m in client.get_metric_history(run_id, key)] == [0, 1], key
+    assert [m.step for m in client.get_metric_history(run_id, "mlflow_hvd.attempt")] == [0, 1]
+    assert run.data.tags["mlflow.latest_checkpoint_artifact"] == (
+        "checkpoints/epoch_1/checkpoint.pt")
 
 
 def test_two_local_ranks_train_as_one_and_log_checkpoints_and_a_model_another_process_loads(

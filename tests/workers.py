@@ -52,6 +52,46 @@ def collectives(scale: float = 1.0) -> dict[str, Any]:
     }
 
 
+def torch_collectives(steps: int = 3) -> dict[str, Any]:
+    """horovod.torch's allreduce, allgather and broadcast; then ``hvd.DistributedOptimizer``
+    on ranks that each see their own data: returns what rank 0 saw, every rank's loss and
+    every rank's weights after ``steps`` steps (gathered)."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum)
+    mean = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Average)
+    gathered = hvd.allgather(torch.tensor([rank * 10, rank * 10 + 1]))
+    bcast = hvd.broadcast(torch.tensor([float(rank + 100)]), root_rank=0)
+    torch.manual_seed(rank)  # each rank its own initial weights and data
+    model = torch.nn.Linear(4, 1)
+    initial = torch.cat([p.detach().flatten() for p in model.parameters()])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    broadcast_initial = torch.cat([p.detach().flatten() for p in model.parameters()])
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(8, 4) + rank
+        loss = ((model(x) - float(rank)) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return {
+        "size": size, "sum": total.tolist(), "mean": mean.tolist(),
+        "gathered": gathered.tolist(), "broadcast": bcast.tolist(),
+        "initial": hvd.allgather(initial.unsqueeze(0)).tolist(),
+        "broadcast_initial": hvd.allgather(broadcast_initial.unsqueeze(0)).tolist(),
+        "losses": hvd.allgather(torch.tensor([losses])).tolist(),
+        "weights": hvd.allgather(weights.unsqueeze(0)).tolist(),
+    }
+
+
 def raise_on_rank_1() -> None:
     if _rank() == 1:
         raise ValueError("boom from rank 1")

@@ -84,9 +84,10 @@ TENSORFLOW = Supported(
 PROTOBUF_BELOW_FOR_TF_2_20 = 7
 
 TORCH = Supported(
-    "PyTorch", ("torch",), "2.13", "2.14",
-    "the release tested with horovod.torch (its CPU build; Horovod 0.28.1 needs the C++17 "
-    "patch of mlflow_hvd/cli/horovod.py for it)",
+    "PyTorch", ("torch",), "2.13", "2.15",
+    "the releases tested with horovod.torch: 2.13's CPU build and 2.14's CUDA build, which "
+    "Horovod 0.28.1 builds against with the patches of mlflow_hvd/cli/horovod_patches.py; "
+    "2.15 is not installable on the machines CI runs on yet",
 )
 HOROVOD = Supported(
     "Horovod", ("horovod",), "0.28.1", "0.28.2",

@@ -1,7 +1,9 @@
 """Rank side: refuse Horovod's own Keras layer under Keras 3, before it can train wrongly,
 a TensorFlow outside the supported versions (:mod:`mlflow_hvd.common.compat`) when it is
 imported, and a Horovod built without Gloo when ``horovod.tensorflow`` or ``horovod.torch``
-is imported (its ``hvd.init()`` would otherwise fail inside Horovod's C++ controller).
+is imported (its ``hvd.init()`` would otherwise fail inside Horovod's C++ controller); and,
+when TensorFlow is imported, Triton first where TensorFlow would crash it
+(:mod:`mlflow_hvd.rank.llvm_order`).
 
 ``horovod.tensorflow.keras`` (and ``horovod.keras``) predate Keras 3. Under Keras 3 their
 callbacks fail with errors such as ``'Variable' object has no attribute 'ref'`` or
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 
 from mlflow_hvd.common import compat
 from mlflow_hvd.errors import IncompatibleImportError, UnsupportedVersionError
+from mlflow_hvd.rank import llvm_order
 from mlflow_hvd.rank.after_import import spec_then
 
 REFUSED = ("horovod.tensorflow.keras", "horovod.keras")
@@ -98,6 +101,7 @@ class _Refuse(importlib.abc.MetaPathFinder):
                 compat.check_tensorflow(compat.TENSORFLOW.installed(), " (in this rank)")
             except UnsupportedVersionError as exc:
                 raise IncompatibleImportError(str(exc)) from None
+            llvm_order.before_tensorflow()
         if fullname in GLOO_CHECKED and fullname not in self.horovod_checked:
             self.horovod_checked.add(fullname)
             return spec_then(fullname, path, _check_gloo)

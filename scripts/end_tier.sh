@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The test environments at the two ends of the supported ranges, each built the way a user
+# with an existing environment installs mlflow_hvd (docs/install.md: your own environment):
+#
+#   old  Python 3.12, TensorFlow 2.16, pyspark 3.5 (Spark 3.5's own JVM side), the oldest
+#        supported MLflow; tests marked old_end
+#   new  Python 3.13, TensorFlow 2.21, PyTorch 2.14 as `pip install torch` gives it (PyPI's
+#        CUDA 13 build, on machines without a GPU too), pyspark 4.3, the newest MLflow that
+#        installs; tests marked new_end
+#
+#   bash scripts/end_tier.sh old|new [--prepare] [--status FILE] [pytest args...]
+#
+#   1. the user's environment: requirements/lock-<end>-end-py3.1x.txt (hash-checked, pip);
+#   2. `pip install -e '.[<extras>]'`, which must keep every version already there;
+#   3. `python -m mlflow_hvd.cli.horovod`, which builds Horovod against those frameworks
+#      (once: the wheel is cached like the main environment's).
+# Then runs the end's tests (`--prepare`: stops before them; `--status FILE`: also writes their
+# exit code and start and end times there).
+#
+# Step 1's environment depends on the lock alone: it lives outside the checkout, in the cache
+# (like Horovod's wheels; $MLFLOW_HVD_CACHE/venvs/<end>-end-<digest of the lock and Python>),
+# so a new clone on the same machine reuses it; the two most recently used of each end are
+# kept. `.venv-<end>-end` in the checkout links to it; <END>_END_VENV=<dir> (OLD_END_VENV,
+# NEW_END_VENV) uses that directory instead. Steps 2-3 run again whenever the checkout or
+# pyproject.toml differ from the last run's.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+END="${1:-}"
+case "$END" in
+  old) PYVER=3.12; EXTRAS="tensorflow-cpu"; CUSTOM_PYTHON="${PYTHON_OLD_END:-}"
+       CUSTOM_VENV="${OLD_END_VENV:-}" ;;
+  new) PYVER=3.13; EXTRAS="tensorflow-cpu,torch"; CUSTOM_PYTHON="${PYTHON_NEW_END:-}"
+       CUSTOM_VENV="${NEW_END_VENV:-}" ;;
+  *) echo "usage: scripts/end_tier.sh old|new [--prepare] [--status FILE] [pytest args]" >&2
+     exit 2 ;;
+esac
+shift
+NAME="$END-end"
+LOCK="$ROOT/requirements/lock-$NAME-py$PYVER.txt"
+CACHE_ROOT="${MLFLOW_HVD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlflow_hvd}"
+PREPARE_ONLY=0
+STATUS=""  # --status FILE: write "<exit code> <tests' start> <tests' end>" (epoch seconds)
+if [ "${1:-}" = "--prepare" ]; then PREPARE_ONLY=1; shift; fi
+if [ "${1:-}" = "--status" ]; then STATUS="$2"; shift 2; fi
+
+die() { echo "$NAME: $*" >&2; exit 1; }
+
+find_python() {
+  if [ -n "$CUSTOM_PYTHON" ]; then echo "$CUSTOM_PYTHON"; return; fi
+  if "python$PYVER" -c '' >/dev/null 2>&1; then command -v "python$PYVER"; return; fi
+  if command -v pyenv >/dev/null 2>&1; then
+    # pyenv's shim answers only for the active versions: ask for an installed one
+    local found
+    found="$(ls -d "$(pyenv root)"/versions/"$PYVER".*/bin/python"$PYVER" 2>/dev/null \
+      | sort -V | tail -n1)"
+    if [ -n "$found" ]; then echo "$found"; return; fi
+  fi
+  return 1
+}
+
+PYTHON="$(find_python)" || die "Python $PYVER not found: install it (e.g. 'pyenv install $PYVER') or set PYTHON_${END^^}_END=/path/to/python$PYVER"
+[ "$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "$PYVER" ] \
+  || die "$PYTHON is not Python $PYVER"
+
+ENV_KEY="$( (cat "$LOCK"; "$PYTHON" -c 'import sys; print(sys.version, sys.executable)') \
+  | sha256sum | cut -c1-16)"
+if [ -n "$CUSTOM_VENV" ]; then
+  VENV="$CUSTOM_VENV"
+else
+  VENV="$CACHE_ROOT/venvs/$NAME-$ENV_KEY"
+  mkdir -p "$CACHE_ROOT/venvs"
+  # a checkout's own environment from before the cache (a directory) is left as it is
+  if [ -L "$ROOT/.venv-$NAME" ] || [ ! -e "$ROOT/.venv-$NAME" ]; then
+    ln -sfn "$VENV" "$ROOT/.venv-$NAME"
+  fi
+fi
+mkdir -p "$(dirname "$VENV")"
+# one builder at a time per environment (two clones' CI on one machine)
+exec 9> "$VENV.lock"
+flock -w 1800 9 || die "another run held $VENV.lock for 30 minutes"
+
+PY="$VENV/bin/python"
+ENV_STAMP="$VENV/.mlflow_hvd-$NAME-env"
+if [ ! -f "$ENV_STAMP" ] || [ "$(cat "$ENV_STAMP")" != "$ENV_KEY" ]; then
+  rm -rf "$VENV"
+  echo "$NAME: creating $VENV with $PYTHON"
+  "$PYTHON" -m venv "$VENV"
+  "$PY" -m pip install --quiet --upgrade "pip>=24"
+  "$PY" -m pip install --quiet --require-hashes -r "$LOCK"
+  echo "$ENV_KEY" > "$ENV_STAMP"
+else
+  echo "$NAME: reusing $VENV (the lock's environment)"
+fi
+touch "$ENV_STAMP"  # most recently used: kept by the pruning below
+# the two most recently used environments stay; older ones (older locks) go
+if [ -z "$CUSTOM_VENV" ]; then
+  ls -dt "$CACHE_ROOT"/venvs/"$NAME"-*/.mlflow_hvd-"$NAME"-env 2>/dev/null | tail -n +3 \
+    | while read -r stale; do
+        old="$(dirname "$stale")"
+        echo "$NAME: removing the unused environment $old"
+        rm -rf "$old" "$old.lock"
+      done
+fi
+
+STAMP="$VENV/.mlflow_hvd-$NAME"
+KEY="$( (echo "$ROOT"; cat "$LOCK" "$ROOT/pyproject.toml" "$0") | sha256sum | cut -c1-16)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$KEY" ]; then
+  before="$("$PY" -m pip freeze --exclude-editable | grep -iv '^mlflow[-_]hvd' | sort)"
+  "$PY" -m pip install --quiet -e "$ROOT[$EXTRAS]"
+  after="$("$PY" -m pip freeze --exclude-editable | grep -iv '^mlflow[-_]hvd' | sort)"
+  if [ "$before" != "$after" ]; then
+    diff <(echo "$before") <(echo "$after") >&2 || true
+    rm -rf "$VENV"  # no longer the lock's environment
+    die "installing mlflow_hvd changed the environment's packages (above): it must keep the user's"
+  fi
+  echo "$NAME: mlflow_hvd installed; the environment's $(echo "$after" | wc -l) packages are unchanged"
+  echo "$KEY" > "$STAMP"
+fi
+"$PY" -m mlflow_hvd.cli.horovod
+"$PY" -c "import sys, mlflow, pyspark, tensorflow as tf, keras; print('$NAME: Python %d.%d.%d' % sys.version_info[:3], 'TensorFlow', tf.__version__, 'Keras', keras.__version__, 'pyspark', pyspark.__version__, 'MLflow', mlflow.__version__)" 2>/dev/null
+[ "$PREPARE_ONLY" = 1 ] && exit 0
+flock -u 9
+cd "$ROOT"
+started=$(date +%s)
+rc=0
+MLFLOW_HVD_TIER="$NAME" "$PY" -m pytest -ra -m "${END}_end" "$@" || rc=$?
+[ -z "$STATUS" ] || echo "$rc $started $(date +%s)" > "$STATUS"
+exit $rc

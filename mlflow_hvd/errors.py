@@ -137,6 +137,15 @@ class Terminated(KeyboardInterrupt):
     """
 
 
+class JobStopped(KeyboardInterrupt):
+    """:meth:`HorovodRunner.stop` was called (from another thread) while this runner's job
+    ran or was about to start.
+
+    A :class:`KeyboardInterrupt`, so that the job unwinds exactly as on Ctrl-C: its ranks
+    stopped, its Spark job cancelled, its MLflow run ended KILLED.
+    """
+
+
 # What Horovod and Gloo say on the surviving ranks when a peer dies mid-collective.
 PEER_LOSS_MARKS = (
     "Horovod has been shut down",

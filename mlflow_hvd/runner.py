@@ -7,21 +7,24 @@ import dataclasses
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import cloudpickle
 
-from mlflow_hvd.backends.base import Backend
-from mlflow_hvd.backends.local import LocalBackend
-from mlflow_hvd.backends.spark.boot import SessionBoot, refuse_unshipped
+from mlflow_hvd.backends.base import Placement
+from mlflow_hvd.backends.local import LocalPlacement
+from mlflow_hvd.backends.spark.boot import refuse_unshipped
+from mlflow_hvd.backends.spark.placement import SparkPlacement
 from mlflow_hvd.common import compat, config
 from mlflow_hvd.common.config import ClusterConfig, JobConfig, TrackingConfig
 from mlflow_hvd.common.horovod_env import HorovodOptions
+from mlflow_hvd.common.naming import callable_name
 from mlflow_hvd.common.options import check_np
 from mlflow_hvd.driver.feed import Feed, split_frames
-from mlflow_hvd.driver.job import Job, new_job_id, resolve_host
+from mlflow_hvd.driver.job import Job, new_job_id
 from mlflow_hvd.driver.options import runner_options
 from mlflow_hvd.driver.payload import check_call, dumps_code, dumps_payload
 from mlflow_hvd.driver.pool import RankPool
@@ -32,14 +35,18 @@ from mlflow_hvd.driver.tracking import attempts
 from mlflow_hvd.errors import (
     BackendError,
     ConfigurationError,
+    JobStopped,
     RetriesExhaustedError,
     WorkerFailedError,
 )
 from mlflow_hvd.protocol.credentials import collect as collect_credentials
-from mlflow_hvd.protocol.messages import Code, TrackingTarget, UndeliveredTracking
-
-if TYPE_CHECKING:
-    from mlflow_hvd.driver.tracking.epochs import EpochJudge
+from mlflow_hvd.protocol.messages import (
+    Code,
+    EpochReport,
+    EpochVerdict,
+    TrackingTarget,
+    UndeliveredTracking,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +114,13 @@ class HorovodRunner:
         ship = self._options.cluster.ship_environment
         if spark is not None:
             refuse_unshipped(spark, ship)
-        self._pool = RankPool(abs(self.num_processor), self._backend, warm=False)
-        self._boot = SessionBoot(self.num_processor, self._options.cluster.spark_master,
-                                 self._options.job.slot_timeout, ship,
-                                 self._options.cluster.environment_timeout)
+        self._placement: Placement = (
+            LocalPlacement(abs(self.num_processor)) if self.num_processor < 0
+            else SparkPlacement(self.num_processor, spark, self._options.job,
+                                self._options.cluster))
+        self._stop = threading.Event()  # stop(): the running (or next) job ends as on Ctrl-C
+        self._pool = RankPool(abs(self.num_processor), self._placement.backend, warm=False,
+                              stop=self._stop)
         self.last_job_id: str | None = None
         """Id of the latest job; for ``np > 0`` also its Spark job group (Spark UI)."""
         self.last_run_id: str | None = None
@@ -174,12 +184,31 @@ class HorovodRunner:
         """:meth:`run` with per-run :class:`RunHooks`: what a face built on the runner (the
         sweep: its trials' epoch judge, log prefix and parent run) sets for one run only.
         Returns and raises as :meth:`run`."""
+        try:
+            return self._run_with(hooks, main, kwargs)
+        except JobStopped:
+            self._stop.clear()  # the stop is spent: the runner can run again
+            raise
+
+    def stop(self) -> None:
+        """Stop this runner's job from another thread, as Ctrl-C stops it in the thread
+        that runs it: its ranks stopped (SIGTERM, SIGKILL after ``stop_grace``), its Spark
+        job cancelled, its MLflow run ended KILLED; that thread's :meth:`run` raises
+        :class:`~mlflow_hvd.errors.JobStopped` (a ``KeyboardInterrupt``) within a fraction
+        of a second of the ranks being down. Called while no job runs, it stops the next
+        ``run`` as it starts. Returns at once; thread-safe; idempotent."""
+        self._stop.set()
+
+    def _run_with(self, hooks: RunHooks, main: Callable[..., Any],
+                  kwargs: dict[str, Any]) -> Any:
+        if self._stop.is_set():
+            raise JobStopped(f"{callable_name(main)} was stopped before it started")
         check_call(main, kwargs)
         compat.check_driver(self.num_processor)
         # DataFrames: each rank gets its own shard
         kwargs, feed = split_frames(kwargs, self._spark, self.cluster.data_compression)
         code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
-        self._boot.new_run()  # the master is resolved once per run
+        self._placement.new_run()
         self.prepare()  # a new SparkSession boots while MLflow's run is being set up
         settings = dataclasses.replace(self._options.settings, log_prefix=hooks.log_prefix)
         with sigterm_interrupts():
@@ -187,13 +216,8 @@ class HorovodRunner:
                 return self._attempts(main, code, None, settings, hooks, feed)
             from mlflow_hvd.driver.tracking.run import driver_run
 
-            with driver_run(
-                self.num_processor,
-                self._describe_backend(),
-                self.tracking.log_system_metrics,
-                self.tracking.tracking_timeout,
-                self.tracking.undelivered_dir,
-            ) as target:
+            with driver_run(self.num_processor, self._placement.describe(),
+                            self.tracking) as target:
                 self.last_run_id = target.run_id
                 return self._attempts(main, code, target, settings, hooks, feed)
 
@@ -210,7 +234,7 @@ class HorovodRunner:
         while True:
             if reruns == 0:
                 log.info("attempt %d of %d of %s starts", attempt + 1, max_failures + 1,
-                         _name(main))
+                         callable_name(main))
                 if record is not None:
                     attempts.started(record, attempt, timeout, self._undelivered_root())
             try:
@@ -261,8 +285,9 @@ class HorovodRunner:
                 facts=target.facts if attempt == 0 else None,
                 # rank 0 reports the judged metric per epoch
                 prune_metric=hooks.epoch_judge.metric if hooks.epoch_judge else "")
-            writes = rank0_requests(Relay(target).answer, hooks.epoch_judge, target.run_id)
-        description = f"HorovodRunner(np={self.num_processor}).run({_name(main)})" + (
+            judge = _verdicts(hooks.epoch_judge) if hooks.epoch_judge is not None else None
+            writes = rank0_requests(Relay(target).answer, judge, target.run_id)
+        description = f"HorovodRunner(np={self.num_processor}).run({callable_name(main)})" + (
             f" attempt {attempt}" if attempt else "")
         return Job(payload=dumps_payload(code, target, attempt), settings=settings,
                    description=description, job_id=job_id, on_tracking_write=writes,
@@ -282,12 +307,14 @@ class HorovodRunner:
         if self._pool.warm:
             raise ConfigurationError("this HorovodRunner's ranks are already kept warm "
                                      "(nested `with runner:`)")
-        self._pool = RankPool(abs(self.num_processor), self._backend, warm=True)
+        self._pool = RankPool(abs(self.num_processor), self._placement.backend, warm=True,
+                              stop=self._stop)
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         pool = self._pool
-        self._pool = RankPool(abs(self.num_processor), self._backend, warm=False)
+        self._pool = RankPool(abs(self.num_processor), self._placement.backend, warm=False,
+                              stop=self._stop)
         try:
             pool.close()
         except Exception:
@@ -314,22 +341,6 @@ class HorovodRunner:
 
         return self.tracking.undelivered_dir or undelivered.default_root()
 
-    def _describe_backend(self) -> dict[str, str]:
-        """The backend's facts for the run's tags, without starting anything."""
-        if self.num_processor < 0:
-            return {"backend": LocalBackend.name}
-        from mlflow_hvd.backends.spark import SparkBackend
-
-        if self._spark is not None:
-            from mlflow_hvd.backends.spark.api import ConnectApi, session_api
-
-            api = session_api(self._spark)
-            facts = {"backend": SparkBackend.name, "spark_master": api.master()}
-            if isinstance(api, ConnectApi):
-                facts["spark_connect"] = api.server_host()
-            return facts
-        return {"backend": SparkBackend.name, "spark_master": self._boot.choice()[1]}
-
     def prepare(self) -> None:
         """Start what ``run`` needs ahead of it: with ``np > 0`` and no SparkSession yet,
         Spark's JVM boots in a background thread while the caller goes on with
@@ -340,13 +351,7 @@ class HorovodRunner:
             ConfigurationError: ``spark_master`` differs from the active session's master.
             BackendError: The configured standalone master does not answer.
         """
-        if self.num_processor > 0 and self._spark is None:
-            self._boot.start()
-
-    def _session(self) -> Any:
-        if self._spark is not None:
-            return self._spark
-        return self._boot.session(self._options.settings.start_timeout)
+        self._placement.prepare()
 
     def task_slots(self) -> TaskSlots:
         """The task slots this runner's jobs can use at once: for ``np > 0`` the Spark
@@ -357,36 +362,42 @@ class HorovodRunner:
         Raises:
             InsufficientSlotsError: Spark did not offer ``np`` slots within ``slot_timeout``.
         """
-        if self.num_processor < 0:
-            return TaskSlots(os.cpu_count() or 1, "the driver")
-        from mlflow_hvd.backends.spark.session import session_slots
-
-        count, master = session_slots(self._session(), self.num_processor,
-                                      self.job.slot_timeout)
-        return TaskSlots(count, f"the Spark cluster (master {master})")
-
-    def _backend(self, feed: Feed | None) -> tuple[Backend, str]:
-        """A backend for a new generation of ranks, fed ``feed``'s DataFrames if any."""
-        np = abs(self.num_processor)
-        if self.num_processor < 0:
-            frame = feed.fed_frame(np) if feed is not None else None
-            return LocalBackend(frame=frame), "127.0.0.1"
-        from mlflow_hvd.backends.spark import SparkBackend
-        from mlflow_hvd.backends.spark.api import session_api
-
-        spark = self._session()
-        if feed is not None:
-            feed.check_session(spark)
-        frame = feed.fed_frame(np) if feed is not None else None
-        backend = SparkBackend(spark, self.job.slot_timeout, frame,
-                               self.cluster.environment_timeout,
-                               self.cluster.ship_environment)
-        return backend, resolve_host(session_api(spark).driver_host())
+        return TaskSlots(*self._placement.task_slots())
 
 
+@dataclass(frozen=True)
+class EpochDecision:
+    """An :class:`EpochJudge`'s answer for one epoch.
 
-def _name(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", None) or type(fn).__name__
+    Attributes:
+        stop: Stop training at this epoch's end (rank 0's ``should_prune()`` says True).
+        epoch: How many epochs the job has completed, as the judge counts them.
+        reason: Why, for the log.
+    """
+
+    stop: bool
+    epoch: int
+    reason: str = ""
+
+
+class EpochJudge(Protocol):
+    """Judges rank 0's per-epoch metric (:attr:`RunHooks.epoch_judge`): called on the
+    driver, once each time rank 0 logs ``metric`` at an epoch's end, while rank 0 waits
+    for the answer; an exception it raises is logged and training goes on."""
+
+    metric: str  # the metric rank 0 reports, as it logs it
+
+    def __call__(self, metric: str, step: int, value: float) -> EpochDecision: ...
+
+
+def _verdicts(judge: EpochJudge) -> Callable[[EpochReport], EpochVerdict]:
+    """The driver's answers to rank 0's epoch reports, from ``judge``'s decisions."""
+
+    def verdict(report: EpochReport) -> EpochVerdict:
+        decision = judge(report.key, report.step, report.value)
+        return EpochVerdict(decision.stop, decision.epoch, decision.reason)
+
+    return verdict
 
 
 @dataclass(frozen=True)
@@ -396,7 +407,7 @@ class RunHooks:
 
     Attributes:
         epoch_judge: Judges rank 0's per-epoch metric and may stop the job after an epoch
-            (the sweep's pruning; :mod:`mlflow_hvd.driver.tracking.epochs`).
+            (:class:`EpochJudge`; the sweep's pruning is one).
         log_prefix: Put before every rank line shown on the driver, e.g. ``"[trial 3]"``.
         dataset_runs: Further MLflow runs that record the job's DataFrames as inputs (the
             sweep's parent run).

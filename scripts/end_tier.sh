@@ -8,14 +8,15 @@
 #        CUDA 13 build, on machines without a GPU too), pyspark 4.3, the newest MLflow that
 #        installs; tests marked new_end
 #
-#   bash scripts/end_tier.sh old|new [--prepare] [--status FILE] [pytest args...]
+#   bash scripts/end_tier.sh old|new [--prepare] [--status FILE] [--after FILE] [pytest args...]
 #
 #   1. the user's environment: requirements/lock-<end>-end-py3.1x.txt (hash-checked, pip);
 #   2. `pip install -e '.[<extras>]'`, which must keep every version already there;
 #   3. `python -m mlflow_hvd.cli.horovod`, which builds Horovod against those frameworks
 #      (once: the wheel is cached like the main environment's).
 # Then runs the end's tests (`--prepare`: stops before them; `--status FILE`: also writes their
-# exit code and start and end times there).
+# exit code and start and end times there; `--after FILE`: starts them once FILE exists, for
+# a caller that prepares the environment early and runs the tests when cores are idle).
 #
 # Step 1's environment depends on the lock alone: it lives outside the checkout, in the cache
 # (like Horovod's wheels; $MLFLOW_HVD_CACHE/venvs/<end>-end-<digest of the lock and Python>),
@@ -32,7 +33,8 @@ case "$END" in
        CUSTOM_VENV="${OLD_END_VENV:-}" ;;
   new) PYVER=3.13; EXTRAS="tensorflow-cpu,torch"; CUSTOM_PYTHON="${PYTHON_NEW_END:-}"
        CUSTOM_VENV="${NEW_END_VENV:-}" ;;
-  *) echo "usage: scripts/end_tier.sh old|new [--prepare] [--status FILE] [pytest args]" >&2
+  *) echo "usage: scripts/end_tier.sh old|new [--prepare] [--status FILE] [--after FILE]" \
+       "[pytest args]" >&2
      exit 2 ;;
 esac
 shift
@@ -43,6 +45,9 @@ PREPARE_ONLY=0
 STATUS=""  # --status FILE: write "<exit code> <tests' start> <tests' end>" (epoch seconds)
 if [ "${1:-}" = "--prepare" ]; then PREPARE_ONLY=1; shift; fi
 if [ "${1:-}" = "--status" ]; then STATUS="$2"; shift 2; fi
+AFTER=""  # --after FILE: the tests wait for FILE (at most AFTER_WAIT seconds)
+AFTER_WAIT=7200
+if [ "${1:-}" = "--after" ]; then AFTER="$2"; shift 2; fi
 
 die() { echo "$NAME: $*" >&2; exit 1; }
 
@@ -121,6 +126,14 @@ fi
 "$PY" -c "import sys, mlflow, pyspark, tensorflow as tf, keras; print('$NAME: Python %d.%d.%d' % sys.version_info[:3], 'TensorFlow', tf.__version__, 'Keras', keras.__version__, 'pyspark', pyspark.__version__, 'MLflow', mlflow.__version__)" 2>/dev/null
 [ "$PREPARE_ONLY" = 1 ] && exit 0
 flock -u 9
+if [ -n "$AFTER" ]; then
+  waited=0
+  while [ ! -e "$AFTER" ]; do
+    [ "$waited" -lt "$AFTER_WAIT" ] || die "$AFTER did not appear within ${AFTER_WAIT}s"
+    sleep 1
+    waited=$((waited + 1))
+  done
+fi
 cd "$ROOT"
 started=$(date +%s)
 rc=0

@@ -11,10 +11,11 @@
 #   main      pytest: Horovod ranks, the shared local-cluster session, servers, browser
 #   old-end   pytest -m old_end in the old end's environment (Python 3.12, TF 2.16, ...):
 #             started first, in the background (scripts/end_tier.sh old), reported here
-#   new-end   pytest -m new_end in the new end's environment (Python 3.13, TF 2.21, PyTorch
-#             2.14's CUDA build, ...): started first, in the background (scripts/end_tier.sh
-#             new), reported here
 #   cluster   pytest: the two-node namespace cluster (one for the whole tier)
+#   new-end   pytest -m new_end in the new end's environment (Python 3.13, TF 2.21, PyTorch
+#             2.14's CUDA build, ...): its environment prepared from the start, in the
+#             background (scripts/end_tier.sh new), its tests beside the cluster tier;
+#             reported here
 #
 # Each tier's wall time is printed when it ends, and all of them at the end (also on
 # failure), with this machine's speed (two concurrent TensorFlow+Horovod imports) and the
@@ -135,10 +136,11 @@ background_wait() {
 # interpreter's ranks). The old end also uses the namespace cluster, so the cluster tier waits
 # for it. Its wall time here is the wait; the time its tests took is printed below it.
 declare -A END_PID=()
-start_end() {
+start_end() {  # start_end END [--after FILE]: its tests wait for FILE
   local end="$1" name="$1-end"
+  shift
   rm -f "$LOGS/$name.status" "$LOGS/$name.xml"
-  setsid bash scripts/end_tier.sh "$end" --status "$LOGS/$name.status" \
+  setsid bash scripts/end_tier.sh "$end" --status "$LOGS/$name.status" "$@" \
     --junitxml="$LOGS/$name.xml" -o junit_duration_report=total "${EXTRA[@]}" \
     > "$LOGS/$name.log" 2>&1 &
   END_PID[$end]=$!
@@ -176,8 +178,13 @@ if [ "${1:-}" = "--tier" ]; then
 fi
 trap finish EXIT
 
+# the old end's tests run from the start (they use the namespace cluster, so the cluster
+# tier waits for them); the new end's wait for the cluster tier, whose namespace cluster
+# leaves about a third of the cores idle (the tiers before keep them busy)
+NEW_END_GO="$LOGS/new-end.go"
+rm -f "$NEW_END_GO"
 wants old-end && start_end old
-wants new-end && start_end new
+wants new-end && start_end new --after "$NEW_END_GO"
 
 # this machine's speed today, printed beside the tiers' times (machines vary ~2.5x by day):
 # the wall time of two concurrent `import tensorflow, horovod.tensorflow`, measured after the
@@ -223,13 +230,16 @@ if [ -n "$BESIDE_PID" ]; then
   BESIDE_PID=""
   SUMMARY+=("$BACKGROUND_NOTE")
 fi
-for end in new old; do
-  if wants "$end-end"; then
-    tier "$end-end" end_wait "$end"
-    SUMMARY+=("$END_NOTE")
-  fi
-done
+if wants old-end; then
+  tier old-end end_wait old
+  SUMMARY+=("$END_NOTE")
+fi
+touch "$NEW_END_GO"
 wants cluster && tier cluster pytest_tier cluster "cluster"
+if wants new-end; then
+  tier new-end end_wait new
+  SUMMARY+=("$END_NOTE")
+fi
 import_pair  # the first warms the files
 import_pair
 SUMMARY+=("$(printf 'machine: two concurrent TensorFlow+Horovod imports took %d.%02d s' \

@@ -53,7 +53,7 @@ def _wait_for(cond: Callable[[], object], timeout: float = 5.0) -> None:
 
 
 def test_messages_arrive_in_order_and_send_returns_after_handling(server: object) -> None:
-    client = ChannelClient("127.0.0.1", server.port, SECRET)  # type: ignore[attr-defined]
+    client = ChannelClient("127.0.0.1", server.port, SECRET, timeout=5)  # type: ignore[attr-defined]
     msgs = [WorkerStarted(0, "h"), OutputLines(0, Stream.STDOUT, ("a", "b"))]
     for m in msgs:
         client.send(m)
@@ -62,7 +62,7 @@ def test_messages_arrive_in_order_and_send_returns_after_handling(server: object
 
 
 def test_concurrent_senders_share_one_client(server: object) -> None:
-    client = ChannelClient("127.0.0.1", server.port, SECRET)  # type: ignore[attr-defined]
+    client = ChannelClient("127.0.0.1", server.port, SECRET, timeout=5)  # type: ignore[attr-defined]
     threads = [
         threading.Thread(
             target=lambda i=i: [
@@ -89,7 +89,7 @@ def _raw(server: object) -> tuple[socket.socket, bytes]:
 
 def test_wrong_secret_is_rejected_at_the_handshake(server: object, tmp_path: Path) -> None:
     with pytest.raises(AuthenticationError) as info:
-        ChannelClient("127.0.0.1", server.port, b"x" * 32)  # type: ignore[attr-defined]
+        ChannelClient("127.0.0.1", server.port, b"x" * 32, timeout=5)  # type: ignore[attr-defined]
     assert (
         str(info.value)
         == (

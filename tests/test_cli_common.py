@@ -62,3 +62,25 @@ def test_an_entry_point_exits_at_once_with_its_output_flushed() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=False)
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "buffered line", "an error line")
+
+
+def test_the_mlproject_gives_each_parameter_the_default_its_command_has() -> None:
+    """`mlflow run` passes every parameter, so the MLproject's defaults are what users get;
+    the commands' own defaults (run without mlflow) must be the same, and the job options
+    among them those of JobConfig (0 for "no limit")."""
+    import yaml
+
+    from mlflow_hvd import JobConfig
+    from mlflow_hvd.cli import sweep, train
+
+    project = yaml.safe_load((Path(__file__).parent.parent / "MLproject").read_text())
+    for entry, command in (("main", train), ("sweep", sweep)):
+        defaults = vars(command.parse_args([]))
+        parameters = project["entry_points"][entry]["parameters"]
+        assert set(parameters) <= set(defaults), entry
+        for name, spec in parameters.items():
+            given, own = spec["default"], defaults[name]
+            same = float(given) == float(own) if spec["type"] == "float" else given == own
+            assert same, (entry, name, given, own)
+        assert defaults["max_failures"] == JobConfig().max_failures
+        assert defaults["timeout"] == (JobConfig().timeout or 0)

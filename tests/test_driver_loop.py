@@ -9,10 +9,11 @@ from collections.abc import Callable
 
 import cloudpickle
 import pytest
+from driver_jobs import run_job, settings
 from services import wait_until
 
 from mlflow_hvd.common.layout import assign_slots
-from mlflow_hvd.driver import DriverSettings, Job, Verbosity, run_job
+from mlflow_hvd.driver import Job, Verbosity
 from mlflow_hvd.errors import (
     LIFECYCLE_HINT,
     BackendError,
@@ -91,11 +92,11 @@ class FakeBackend:
         return {"backend": self.name}
 
 
-def _run(script: Script, np: int = 2, **settings: object) -> tuple[object, FakeBackend, str]:
+def _run(script: Script, np: int = 2, **overrides: object) -> tuple[object, FakeBackend, str]:
     backend = FakeBackend(script)
     out = io.StringIO()
     try:
-        payload = run_job(np, backend, Job(b"", DriverSettings(**settings), "test"), out=out)  # type: ignore[arg-type]
+        payload = run_job(np, backend, Job(b"", settings(**overrides), "test"), out=out)
     finally:
         if backend.error is not None:
             raise backend.error
@@ -162,7 +163,7 @@ def test_first_failure_is_root_cause_and_others_are_stopped() -> None:
 
     backend = FakeBackend(script)
     with pytest.raises(WorkerFailedError) as info:
-        run_job(3, backend, Job(b"", DriverSettings(), "test"), out=io.StringIO())
+        run_job(3, backend, Job(b"", settings(), "test"), out=io.StringIO())
     assert backend.error is None
     assert backend.stopped_by_driver
     exc = info.value
@@ -195,7 +196,7 @@ def test_rank_that_never_reports_after_failure_does_not_hang_the_driver() -> Non
 
     backend = FakeBackend(script)
     with pytest.raises(WorkerFailedError) as info:
-        run_job(2, backend, Job(b"", DriverSettings(stop_grace=0.5, report_grace=0.5), "test"),
+        run_job(2, backend, Job(b"", settings(stop_grace=0.5, report_grace=0.5), "test"),
                 out=io.StringIO())
     assert backend.stopped_by_driver
     assert info.value.stopped_ranks == (0,)  # the driver stopped the job it never heard of
@@ -406,7 +407,7 @@ def test_run_returns_only_when_every_admitted_task_is_gone_and_late_tasks_start_
 
     backend = Backend(script)
     with pytest.raises(WorkerFailedError) as info:
-        run_job(3, backend, Job(b"", DriverSettings(stop_grace=5, report_grace=5), "test"),
+        run_job(3, backend, Job(b"", settings(stop_grace=5, report_grace=5), "test"),
                 out=out)
     if backend.error is not None:
         raise backend.error
@@ -453,12 +454,12 @@ def test_a_rank_killed_comes_before_the_ranks_whose_collective_lost_it() -> None
 def test_worker_lines_carry_the_log_prefix() -> None:
     import io
 
-    from mlflow_hvd.driver.supervisor import DriverSettings, JobRecord, Verbosity, handle
+    from mlflow_hvd.driver.supervisor import JobRecord, handle
     from mlflow_hvd.protocol.messages import OutputLines, Stream
 
     out = io.StringIO()
-    settings = DriverSettings(verbosity=Verbosity.ALL, log_prefix="[trial 3]")
-    handle(OutputLines(1, Stream.STDOUT, ("hello",)), JobRecord(2), settings, out)
+    shown = settings(verbosity=Verbosity.ALL, log_prefix="[trial 3]")
+    handle(OutputLines(1, Stream.STDOUT, ("hello",)), JobRecord(2), shown, out)
     assert out.getvalue() == "[trial 3][1]<stdout>: hello\n"
 
 

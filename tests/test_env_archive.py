@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from mlflow_hvd.common.environment import read_fingerprint
 from mlflow_hvd.errors import EnvironmentArchiveError
-from mlflow_hvd.protocol.environment import FINGERPRINT_FILE
+from mlflow_hvd.protocol.environment import FINGERPRINT_FILE, EnvironmentFingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
@@ -82,8 +81,9 @@ def test_the_archive_runs_where_neither_the_venv_nor_the_editable_source_is(
     assert not any("__editable__" in n for n in names), "editable hooks were packed"
     site = next(n for n in names if n.endswith("site-packages/demo/__init__.py"))
     assert site.startswith("lib/python3")
-    recorded = read_fingerprint(str(tmp_path / "node" / "environment"))
-    assert recorded is not None and recorded.base_python == BASE
+    recorded = EnvironmentFingerprint.loads(
+        (tmp_path / "node" / "environment" / FINGERPRINT_FILE).read_text())
+    assert recorded.base_python == BASE
     assert "demo==0.1" in recorded.packages and recorded.horovod == ""
 
     # as on a node without them: the venv and the source moved away

@@ -20,7 +20,7 @@ import workers
 from conftest import assert_no_workers_left
 from services import Program, wait_until
 
-from mlflow_hvd import HorovodRunner, JobConfig, TrackingConfig, WorkerFailedError
+from mlflow_hvd import HorovodRunner, JobConfig, JobStopped, TrackingConfig, WorkerFailedError
 
 TESTS = str(Path(__file__).parent)
 # beyond the configured deadlines: a rank's interpreter exit (1-1.6 s with MLflow loaded on
@@ -100,6 +100,41 @@ def test_a_signal_to_the_driver_ends_the_run_killed_and_leaves_no_files(
     assert _scratch(tmpdir) == []
 
 
+@pytest.mark.ranks
+def test_stop_from_another_thread_ends_the_job_as_ctrl_c_does(
+    store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HorovodRunner.stop(): the thread in run() gets JobStopped, the ranks are gone, the
+    run is KILLED with its reason; a stop with no job running stops the next run at once,
+    and the runner runs again after that."""
+    runner = HorovodRunner(np=-2, job=JobConfig(stop_grace=2))
+    shown: list[str] = []
+    ended: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            runner.run(workers.sleep_forever)
+        except BaseException as exc:  # JobStopped is a KeyboardInterrupt
+            ended["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: shown.append(capsys.readouterr().out) or
+               "".join(shown).count("<log>: ready") == 2, 120, "both ranks up")
+    runner.stop()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert type(ended["error"]) is JobStopped
+    assert_no_workers_left()
+    run_info = mlflow.MlflowClient().get_run(str(runner.last_run_id))
+    assert run_info.info.status == "KILLED"
+    assert run_info.data.tags["mlflow_hvd.status_reason"] == "stopped by HorovodRunner.stop()"
+    runner.stop()  # nothing runs: the next run is stopped as it starts
+    with pytest.raises(JobStopped, match="was stopped before it started"):
+        runner.run(workers.echo, x=1)
+    assert runner.run(workers.echo, x=2)["kwargs"] == {"x": 2}
+
+
 def test_two_drivers_create_the_same_new_sqlite_store_at_once(tmp_path: Path) -> None:
     """MLflow's schema creation races (seen failing 6 of 6 times without the lock)."""
     uri = f"sqlite:///{tmp_path}/new.db"
@@ -107,13 +142,14 @@ def test_two_drivers_create_the_same_new_sqlite_store_at_once(tmp_path: Path) ->
     script = tmp_path / "open_store.py"
     script.write_text(
         "import os, sys, time, mlflow\n"
+        "from mlflow_hvd import TrackingConfig\n"
         "from mlflow_hvd.driver.tracking.run import driver_run\n"
         f"mlflow.set_tracking_uri({uri!r})\n"
         "open(sys.argv[1], 'w').close()\n"
         "deadline = time.monotonic() + 60\n"
         f"while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:\n"
         "    time.sleep(0.001)\n"
-        "with driver_run(-1, {'backend': 'local'}) as target:\n"
+        "with driver_run(-1, {'backend': 'local'}, TrackingConfig()) as target:\n"
         "    print(target.run_id)\n"
     )
     ready = [tmp_path / f"ready{i}" for i in range(2)]

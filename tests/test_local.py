@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import workers
 from conftest import assert_no_workers_left
+from driver_jobs import run_job, settings
 
 from mlflow_hvd import (
     HorovodRunner,
@@ -20,7 +21,7 @@ from mlflow_hvd import (
     WorkerFailedError,
 )
 from mlflow_hvd.backends.local import LocalBackend
-from mlflow_hvd.driver import DriverSettings, Job, run_job
+from mlflow_hvd.driver import Job
 from mlflow_hvd.errors import LIFECYCLE_HINT
 
 
@@ -123,7 +124,7 @@ def test_ranks_that_never_start_hit_the_start_deadline(tmp_path: Path) -> None:
     fake_python.chmod(0o755)
     with pytest.raises(StartTimeoutError) as info:
         run_job(2, LocalBackend(python=str(fake_python)),
-                Job(b"", DriverSettings(start_timeout=3, stop_grace=1), "hang"))
+                Job(b"", settings(start_timeout=3, stop_grace=1), "hang"))
     assert str(info.value) == (
         "0 of 2 ranks started within 3s (missing ranks: 0, 1). Raise "
         "HorovodRunner(job=JobConfig(start_timeout=...)) if workers are slow to start, or check "

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mlflow_hvd import ClusterConfig, HorovodRunner
+from mlflow_hvd import ClusterConfig, HorovodRunner, TrackingConfig
 from mlflow_hvd.backends.spark.master import (
     MasterChoice,
     check_reachable,
@@ -124,12 +124,16 @@ def test_bad_spark_master_options_are_refused_at_construction() -> None:
 
 @pytest.mark.spark
 def test_an_explicit_master_that_differs_from_the_active_session_is_refused(spark: Any) -> None:
-    from mlflow_hvd.backends.spark.session import get_or_create_session
+    from mlflow_hvd.backends.spark.session import resolve_master
 
-    assert get_or_create_session(2) is spark
-    assert get_or_create_session(2, "auto") is spark
+    running = "local-cluster[2,1,1024]"
+    assert resolve_master(2, None, 30.0) == (spark, running)
+    assert resolve_master(2, "auto", 30.0) == (spark, running)
+    assert resolve_master(2, running, 30.0) == (spark, running)
+    runner = HorovodRunner(np=2, cluster=ClusterConfig(spark_master="spark://elsewhere:7077"),
+                           tracking=TrackingConfig(track=False))
     with pytest.raises(ConfigurationError) as info:
-        get_or_create_session(2, "spark://elsewhere:7077")
+        runner.run(dict)
     assert str(info.value) == (
         "spark_master='spark://elsewhere:7077' but this process already has a SparkSession on "
         "'local-cluster[2,1,1024]'; stop it first (spark.stop()) or leave spark_master unset"

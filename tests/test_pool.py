@@ -150,26 +150,32 @@ class _NoRanks:
         return {}
 
 
-def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation() -> None:
+def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from driver_jobs import settings
+
     from mlflow_hvd.common.deadline import Deadline
     from mlflow_hvd.driver.generation import Generation, GenerationState
     from mlflow_hvd.driver.job import Job
-    from mlflow_hvd.driver.supervisor import DriverSettings
     from mlflow_hvd.errors import BackendError
     from mlflow_hvd.protocol.channel import ChannelClient
     from mlflow_hvd.protocol.messages import AwaitJob, Retire
 
+    caplog.set_level(logging.DEBUG, logger="mlflow_hvd")
     gen = Generation(2, _NoRanks(), "127.0.0.1", warm=True)
+    gen.launch(Job(b"first", settings()))
     answers: list[object] = []
     client = ChannelClient("127.0.0.1", gen.port, gen.secret, timeout=10)
     asks = threading.Thread(target=lambda: answers.append(client.request(AwaitJob(0), 30)))
     try:
         asks.start()  # rank 0 asks for the next job; rank 1 never does
-        wait_until(lambda: gen._waiting == {0}, 10, "rank 0 waiting for the next job")
+        wait_until(lambda: any(r.getMessage().endswith(": rank 0 asks for the next job")
+                               for r in caplog.records), 10, "rank 0 waiting for the next job")
         with pytest.raises(BackendError, match=(
             "^pooled ranks 1 did not ask for the next job in time$"
         )):
-            gen.hand_out(Job(b"next", DriverSettings()), Deadline.after(0.3))
+            gen.hand_out(Job(b"next", settings()), Deadline.after(0.3))
     finally:
         gen.close(stop_now=False)
         asks.join(timeout=10)

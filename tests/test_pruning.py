@@ -13,7 +13,6 @@ from hyperopt import hp
 
 from mlflow_hvd import JobConfig
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.protocol.messages import EpochReport
 from mlflow_hvd.sweep import AshaRule, MedianRule, sweep
 from mlflow_hvd.sweep.pruning import Curve, History, TrialJudge, make_rule
 from mlflow_hvd.sweep.search import direction
@@ -26,8 +25,8 @@ def _curves(*rows: tuple[float, ...], finished: bool = True) -> tuple[Curve, ...
     return tuple(Curve(row, finished) for row in rows)
 
 
-def _report(step: int, value: float, key: str = "val_loss") -> EpochReport:
-    return EpochReport("run", key, step, value)
+def _report(step: int, value: float, key: str = "val_loss") -> tuple[str, int, float]:
+    return key, step, value
 
 
 # --- the rules ------------------------------------------------------------------------
@@ -109,10 +108,10 @@ def test_direction_follows_the_metric_unless_mode_says() -> None:
 def test_judge_counts_epochs_by_distinct_steps_and_prunes_a_worse_trial() -> None:
     history = History(_curves((1.0, 0.5, 0.3), (1.2, 0.6, 0.4), (0.8, 0.45, 0.35)))
     judge = TrialJudge(MedianRule(), history, "val_loss", 1.0, max_epochs=3)
-    first = judge(_report(10, 0.9))  # steps need not start at 0
-    assert (first.prune, first.epoch) == (False, 1)  # 0.9 < median 1.0
-    second = judge(_report(20, 0.7))
-    assert (second.prune, second.epoch) == (True, 2)  # best 0.7 > median 0.5
+    first = judge(*_report(10, 0.9))  # steps need not start at 0
+    assert (first.stop, first.epoch) == (False, 1)  # 0.9 < median 1.0
+    second = judge(*_report(20, 0.7))
+    assert (second.stop, second.epoch) == (True, 2)  # best 0.7 > median 0.5
     assert "median: its lowest val_loss in 2 epochs, 0.7, is worse than the median" in (
         second.reason)
     assert judge.outcome().curve == (0.9, 0.7) and judge.outcome().pruned_at_epoch == 2
@@ -121,10 +120,10 @@ def test_judge_counts_epochs_by_distinct_steps_and_prunes_a_worse_trial() -> Non
 def test_asha_judge_ranks_the_value_at_the_rung_not_a_lucky_epoch_before_it() -> None:
     history = History(_curves((1.0, 0.5, 0.4), (1.2, 0.6, 0.5), (0.8, 0.45, 0.3)))
     judge = TrialJudge(AshaRule(), history, "val_loss", 1.0, max_epochs=9)
-    assert not judge(_report(0, 0.7)).prune  # rung 1: 0.7 is the best of 4
-    assert not judge(_report(1, 0.1)).prune  # epoch 2 is no rung
-    third = judge(_report(2, 0.35))  # rung 3: 0.35 behind 0.3, whatever epoch 2 was
-    assert (third.prune, third.epoch) == (True, 3)
+    assert not judge(*_report(0, 0.7)).stop  # rung 1: 0.7 is the best of 4
+    assert not judge(*_report(1, 0.1)).stop  # epoch 2 is no rung
+    third = judge(*_report(2, 0.35))  # rung 3: 0.35 behind 0.3, whatever epoch 2 was
+    assert (third.stop, third.epoch) == (True, 3)
     assert third.reason == ("asha: its val_loss at epoch 3, 0.35, is worse than the top 1/3 "
                             "(the 1st best) of 3 earlier trials at epoch 3 (0.3)")
 
@@ -132,8 +131,8 @@ def test_asha_judge_ranks_the_value_at_the_rung_not_a_lucky_epoch_before_it() ->
 def test_judge_never_prunes_at_the_last_epoch_and_notices_a_trial_that_trains_on() -> None:
     history = History(_curves((1.0, 0.5), (1.0, 0.5), (1.0, 0.5)))
     judge = TrialJudge(MedianRule(), history, "val_loss", 1.0, max_epochs=2)
-    assert judge(_report(0, 3.0)).prune
-    assert not judge(_report(1, 3.0)).prune  # its last epoch: nothing left to save
+    assert judge(*_report(0, 3.0)).stop
+    assert not judge(*_report(1, 3.0)).stop  # its last epoch: nothing left to save
     outcome = judge.outcome()
     assert (outcome.pruned_at_epoch, outcome.ignored_at_epoch) == (0, 1)
 
@@ -144,12 +143,12 @@ def test_judge_of_a_maximised_metric_and_a_restarted_attempt() -> None:
         + [{"status": "fail", "curve": [0.0]}], sign=-1.0)
     assert len(history.curves) == 3  # the failed trial is left out
     judge = TrialJudge(MedianRule(), history, "val_accuracy", -1.0, max_epochs=None)
-    assert not judge(_report(0, 0.6, "val_accuracy")).prune
-    assert judge(_report(1, 0.7, "val_accuracy")).prune  # highest 0.7 < median 0.8
-    assert not judge(_report(2, 0.1)).prune  # another metric: not judged, not counted
+    assert not judge(*_report(0, 0.6, "val_accuracy")).stop
+    assert judge(*_report(1, 0.7, "val_accuracy")).stop  # highest 0.7 < median 0.8
+    assert not judge(*_report(2, 0.1)).stop  # another metric: not judged, not counted
     # a restart logs epoch 1 again (its checkpoint was epoch 0) and does better
-    again = judge(_report(1, 0.9, "val_accuracy"))
-    assert (again.prune, again.epoch) == (False, 2)
+    again = judge(*_report(1, 0.9, "val_accuracy"))
+    assert (again.stop, again.epoch) == (False, 2)
     assert judge.outcome().curve == (0.6, 0.9) and judge.outcome().pruned_at_epoch == 0
     assert judge.outcome().ignored_at_epoch == 0  # the same epoch again is no disobedience
 
@@ -178,7 +177,7 @@ def _replayed(results: list[dict[str, Any]], rule: Any, epochs: int) -> list[int
         judge = TrialJudge(rule, History.from_results(results[:i], 1.0), "val_loss", 1.0,
                            epochs)
         for step, value in enumerate(result["curve"]):
-            judge(EpochReport("run", "val_loss", step, value))
+            judge("val_loss", step, value)
         decisions.append(judge.outcome().pruned_at_epoch)
     return decisions
 

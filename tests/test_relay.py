@@ -11,6 +11,7 @@ from typing import Any
 import mlflow
 import pytest
 import workers
+from driver_jobs import tracking_target
 from services import wait_until
 
 from mlflow_hvd import HorovodRunner
@@ -55,7 +56,7 @@ def test_mlflow_is_imported_on_the_training_thread_when_a_file_is_queued(store: 
 def test_the_relay_writes_only_the_jobs_run_and_passes_a_refusal_on(store: str) -> None:
     client = mlflow.MlflowClient()
     run_id = client.create_run("0").info.run_id
-    relay = Relay(TrackingTarget(store, run_id, "0"))
+    relay = Relay(tracking_target(store, run_id))
     assert relay.answer(TrackingWrite(run_id, (_metric(1.0, 0),))) == TrackingWritten()
     assert [m.value for m in client.get_metric_history(run_id, "m")] == [1.0]
     assert relay.answer(TrackingWrite("another", (_metric(2.0, 1),))) == TrackingWritten(
@@ -70,7 +71,7 @@ def test_the_relay_writes_only_the_jobs_run_and_passes_a_refusal_on(store: str) 
 def test_the_relay_answers_outage_at_once_for_a_server_that_is_down(store: str) -> None:
     run_id = mlflow.MlflowClient().create_run("0").info.run_id
     url = f"http://127.0.0.1:{_closed_port()}"
-    answer = Relay(TrackingTarget(url, run_id, "0")).answer(
+    answer = Relay(tracking_target(url, run_id)).answer(
         TrackingWrite(run_id, (_metric(1.0, 0),)))
     assert answer.outage
     assert answer.error.startswith(
@@ -90,7 +91,7 @@ def test_a_call_the_server_never_answers_holds_later_writes_until_it_ends(
     mute.bind(("127.0.0.1", 0))
     mute.listen(8)  # the kernel accepts connections; nobody ever reads them
     url = f"http://127.0.0.1:{mute.getsockname()[1]}"
-    relay = Relay(TrackingTarget(url, "r1", "0"), timeout=0.5)
+    relay = Relay(tracking_target(url, "r1"), timeout=0.5)
     write = TrackingWrite("r1", (_metric(1.0, 0),))
     try:
         first = relay.answer(write)
@@ -111,7 +112,7 @@ def test_a_call_the_server_never_answers_holds_later_writes_until_it_ends(
 def relaying_driver(store: str) -> Iterator[tuple[ChannelServer, TrackingTarget]]:
     """A driver channel whose requests a :class:`Relay` answers, and the job's run."""
     run_id = mlflow.MlflowClient().create_run("0").info.run_id
-    target = TrackingTarget(store, run_id, "0")
+    target = tracking_target(store, run_id)
     relay = Relay(target)
     server = ChannelServer(SECRET, lambda message: None, "127.0.0.1",
                            lambda request: relay.answer(request))
@@ -171,7 +172,7 @@ def test_a_driver_that_does_not_take_records_is_a_refusal_naming_the_run(store: 
     server = ChannelServer(SECRET, lambda message: None, "127.0.0.1")  # answers Unanswered
     server.start()
     try:
-        sender = Sender(TrackingTarget(store, "r9", "0"), _connect(server))
+        sender = Sender(tracking_target(store, "r9"), _connect(server))
         with pytest.raises(TrackingError) as info:
             sender([Metric("m", 5.0, 1000, 0)])
     finally:
@@ -192,7 +193,7 @@ def _closed_port() -> int:
 def test_an_outage_the_driver_reports_reaches_rank_0_as_a_connection_error() -> None:
     from mlflow_hvd.common.tracking_server import is_outage
 
-    target = TrackingTarget("http://127.0.0.1:9", "r1", "0")  # nothing listens on port 9
+    target = tracking_target("http://127.0.0.1:9", "r1")  # nothing listens on port 9
     relay = Relay(target)
     server = ChannelServer(SECRET, lambda message: None, "127.0.0.1",
                            lambda request: relay.answer(request))

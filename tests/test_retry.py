@@ -23,5 +23,5 @@ def test_the_retry_policy_reruns_a_job_that_never_ran_once_and_restarts_up_to_th
     assert policy.decide(BackendError("stage failed"), attempt=0, reruns=0) is Decision.RESTART
     assert policy.decide(failed, attempt=1, reruns=0) is Decision.GIVE_UP
     assert policy.decide(ConfigurationError("bad"), attempt=0, reruns=0) is Decision.GIVE_UP
-    assert RetryPolicy().decide(failed, attempt=0, reruns=0) is Decision.GIVE_UP
-    assert RetryPolicy().decide(never_ran, attempt=0, reruns=0) is Decision.RERUN
+    assert RetryPolicy(max_failures=0).decide(failed, attempt=0, reruns=0) is Decision.GIVE_UP
+    assert RetryPolicy(max_failures=0).decide(never_ran, attempt=0, reruns=0) is Decision.RERUN

@@ -15,6 +15,7 @@ from typing import Any
 import mlflow
 import pytest
 import workers
+from driver_jobs import tracking_target
 from services import wait_until
 
 from mlflow_hvd import HorovodRunner, JobConfig, TrackingConfig, WorkerFailedError, tracking
@@ -81,7 +82,7 @@ def test_workers_get_the_runs_params_source_and_checkpoint_state_from_the_driver
     """What rank 0 would otherwise ask the server before training: read by the driver."""
     from mlflow_hvd.protocol.checkpoint_layout import LATEST_TAG
 
-    with driver_run(1, {"backend": "local"}) as target:
+    with driver_run(1, {"backend": "local"}, TrackingConfig()) as target:
         assert target.facts is not None and not target.facts.has_checkpoint
         assert target.facts.params == {}
         assert "pytest" in target.facts.source_tags["mlflow.source.name"]  # the driver's program
@@ -89,14 +90,14 @@ def test_workers_get_the_runs_params_source_and_checkpoint_state_from_the_driver
         # logged to after the caller started its run: the driver reads the run again
         mlflow.log_param("lr", "0.1")
         mlflow.set_tag(LATEST_TAG, "checkpoints/epoch_3/checkpoint.keras")
-        with driver_run(1, {"backend": "local"}) as target:
+        with driver_run(1, {"backend": "local"}, TrackingConfig()) as target:
             assert target.run_id == active.info.run_id
             assert target.facts is not None and target.facts.has_checkpoint
             assert target.facts.params == {"lr": "0.1"}
     earlier = mlflow.MlflowClient().create_run("0").info.run_id
     mlflow.MlflowClient().log_param(earlier, "np", "2")
     monkeypatch.setenv("MLFLOW_RUN_ID", earlier)  # as `mlflow run` resumes its run
-    with driver_run(1, {"backend": "local"}) as target:
+    with driver_run(1, {"backend": "local"}, TrackingConfig()) as target:
         assert target.run_id == earlier
         assert target.facts is not None and not target.facts.has_checkpoint
         assert target.facts.params == {"np": "2"}
@@ -197,12 +198,11 @@ class _SlowValue:
 
 
 def test_flush_that_cannot_drain_names_the_store_and_the_wait(store: str, tmp_path: Path) -> None:
-    from mlflow_hvd.protocol.messages import TrackingTarget
     from mlflow_hvd.rank.tracking.delivery import Delivery
 
     client = mlflow.MlflowClient()
     run = client.create_run("0")
-    logger = Delivery(TrackingTarget(store, run.info.run_id, "0"), _direct(client, run.info.run_id),
+    logger = Delivery(tracking_target(store, run.info.run_id), _direct(client, run.info.run_id),
                       str(tmp_path))
     stuck = _SlowValue()
     logger.put(Metric("m", stuck, 0, 0))
@@ -220,12 +220,11 @@ def test_flush_that_cannot_drain_names_the_store_and_the_wait(store: str, tmp_pa
 
 
 def test_a_failed_background_send_is_raised_by_the_next_flush(store: str, tmp_path: Path) -> None:
-    from mlflow_hvd.protocol.messages import TrackingTarget
     from mlflow_hvd.rank.tracking.delivery import Delivery
 
     client = mlflow.MlflowClient()
     run = client.create_run("0")
-    logger = Delivery(TrackingTarget(store, run.info.run_id, "0"), _direct(client, run.info.run_id),
+    logger = Delivery(tracking_target(store, run.info.run_id), _direct(client, run.info.run_id),
                       str(tmp_path))
     client.delete_run(run.info.run_id)  # the store now refuses writes to it
     logger.put(Metric("m", 1.0, 0, 0))
@@ -268,14 +267,13 @@ class _ServerDown:
 def test_an_outage_spills_past_the_memory_limit_and_delivers_in_order(
     store: str, tmp_path: Path
 ) -> None:
-    from mlflow_hvd.protocol.messages import TrackingTarget
     from mlflow_hvd.rank.tracking.delivery import Delivery
 
     real = mlflow.MlflowClient()
     run = real.create_run("0")
     server = _ServerDown(real)
     logger = Delivery(
-        TrackingTarget(store, run.info.run_id, "0"), _direct(server, run.info.run_id),
+        tracking_target(store, run.info.run_id), _direct(server, run.info.run_id),
         str(tmp_path), memory_limit=10,
     )
     for i in range(100):
@@ -334,11 +332,10 @@ def test_attempt_records_an_unreachable_server_missed_are_saved_for_replay(
     store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from mlflow_hvd.driver.tracking import attempts, undelivered
-    from mlflow_hvd.protocol.messages import TrackingTarget
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     run_id = mlflow.MlflowClient().create_run("0").info.run_id
-    gone = TrackingTarget("http://127.0.0.1:9", run_id, "0")  # nothing listens on port 9
+    gone = tracking_target("http://127.0.0.1:9", run_id)  # nothing listens on port 9
     root = str(tmp_path / "undelivered")
     attempts.started(gone, 0, 2.0, root)
     attempts.failed(gone, 0, RuntimeError("rank 1 was killed"), 2.0, root)
@@ -358,9 +355,8 @@ def test_attempt_records_a_store_refuses_are_warned_about_not_saved(
     store: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from mlflow_hvd.driver.tracking import attempts
-    from mlflow_hvd.protocol.messages import TrackingTarget
 
-    no_such_run = TrackingTarget(store, "0" * 32, "0")  # the store answers: no such run
+    no_such_run = tracking_target(store, "0" * 32)  # the store answers: no such run
     root = tmp_path / "undelivered"
     with caplog.at_level(logging.WARNING):
         attempts.started(no_such_run, 1, 10.0, str(root))
@@ -372,12 +368,11 @@ def test_attempt_records_a_store_refuses_are_warned_about_not_saved(
 
 
 def test_a_broken_delivery_thread_is_raised_by_the_next_flush(store: str, tmp_path: Path) -> None:
-    from mlflow_hvd.protocol.messages import TrackingTarget
     from mlflow_hvd.rank.tracking.delivery import Delivery, DeliveryState
 
     client = mlflow.MlflowClient()
     run = client.create_run("0")
-    logger = Delivery(TrackingTarget(store, run.info.run_id, "0"), _direct(client, run.info.run_id),
+    logger = Delivery(tracking_target(store, run.info.run_id), _direct(client, run.info.run_id),
                       str(tmp_path))
     logger.put(Metric("m", "not a number", 0, 0))  # the thread's conversion fails: a bug
     with pytest.raises(TrackingError, match=(

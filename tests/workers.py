@@ -610,18 +610,19 @@ def burst_during_outage(n: int, down: str, spilled: str, back: str) -> int:
     memory, then the spill file), writes how many were spilled to ``spilled``, waits for the
     server (``back``), then flushes. Returns how many records went to the spill file."""
     from mlflow_hvd import tracking
-    from mlflow_hvd.rank.tracking import api
+    from mlflow_hvd.rank.tracking.session import SESSION
 
     tracking.log_metric("before", 1.0, step=0)
     tracking.flush()
     _wait_for_file(down, 120)
     for i in range(n):
         tracking.log_metric("x", float(i), step=i)
-    delivery = api._require().delivery  # type: ignore[union-attr]
+    logger = SESSION.logger()
+    assert logger is not None, "rank 0 logs"
     deadline = time.monotonic() + 60
-    while delivery._spilled + len(delivery._memory) < n and time.monotonic() < deadline:
+    while sum(logger.delivery.queued()) < n and time.monotonic() < deadline:
         time.sleep(0.05)  # until the delivery thread has taken every value from its inbox
-    count = delivery._spilled
+    count = logger.delivery.queued()[1]
     with open(spilled, "w") as f:
         f.write(str(count))
     _wait_for_file(back, 180)

@@ -36,9 +36,9 @@ class WorkerLaunch:
     command: tuple[str, ...]
     env: Mapping[str, str]
     bootstrap: Bootstrap
+    max_line_bytes: int
+    stop_grace: float
     cwd: str | None = None
-    max_line_bytes: int = 16384
-    stop_grace: float = 5.0
     pass_fds: tuple[int, ...] = ()  # descriptors the worker inherits (and never uses)
 
 

@@ -3,12 +3,12 @@ it gets, :class:`~mlflow_hvd.protocol.job.JobSpec`, is part of the shared protoc
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import Sink
 
-__all__ = ["Backend", "JobSpec"]
+__all__ = ["Backend", "FrameSource", "JobSpec", "Placement"]
 
 
 class Backend(Protocol):
@@ -35,3 +35,37 @@ class Backend(Protocol):
 
     def describe(self) -> dict[str, str]:
         """Facts for tags and messages, e.g. ``{"backend": "spark", "spark_master": ...}``."""
+
+
+class FrameSource(Protocol):
+    """A job's DataFrame arguments, as a placement feeds them to a new generation
+    (:class:`mlflow_hvd.driver.feed.Feed`)."""
+
+    def check_session(self, spark: Any) -> None:
+        """Refuse DataFrames of another SparkSession than ``spark``."""
+
+    def fed_frame(self, np: int) -> Any:
+        """The one DataFrame of ``np`` partitions the tasks write for their ranks."""
+
+
+class Placement(Protocol):
+    """Where a runner's jobs run, asked before any job starts: processes on the driver
+    (``np < 0``, :class:`~mlflow_hvd.backends.local.LocalPlacement`) or a Spark barrier
+    stage (``np > 0``, :class:`~mlflow_hvd.backends.spark.placement.SparkPlacement`). The
+    runner holds one and never branches on the sign of ``np``."""
+
+    def new_run(self) -> None:
+        """A new ``run`` begins: forget what the last one chose (Spark's master)."""
+
+    def prepare(self) -> None:
+        """Start what jobs need ahead of them (Spark's JVM); returns at once."""
+
+    def describe(self) -> dict[str, str]:
+        """Facts for the run's tags, without starting anything."""
+
+    def task_slots(self) -> tuple[int, str]:
+        """How many tasks can run at once, and where (for messages)."""
+
+    def backend(self, feed: FrameSource | None) -> tuple[Backend, str]:
+        """A backend for a new generation of ranks (fed ``feed``'s DataFrames, if any), and
+        the driver's address as its ranks reach it."""

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from mlflow_hvd.agent import WorkerLaunch, run_worker, staged_payload, worker_launch
+from mlflow_hvd.backends.base import Backend, FrameSource
 from mlflow_hvd.backends.local_feed import feed_locally
 from mlflow_hvd.common.layout import assign_slots
 from mlflow_hvd.protocol.job import JobSpec
@@ -82,3 +83,26 @@ class LocalBackend:
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name}
+
+
+class LocalPlacement:
+    """``np < 0``: every generation is ``|np|`` processes on the driver."""
+
+    def __init__(self, np: int) -> None:
+        self.np = np
+
+    def new_run(self) -> None:
+        pass
+
+    def prepare(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, str]:
+        return {"backend": LocalBackend.name}
+
+    def task_slots(self) -> tuple[int, str]:
+        return os.cpu_count() or 1, "the driver"
+
+    def backend(self, feed: FrameSource | None) -> tuple[Backend, str]:
+        frame = feed.fed_frame(self.np) if feed is not None else None
+        return LocalBackend(frame=frame), "127.0.0.1"

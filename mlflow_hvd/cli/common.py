@@ -139,7 +139,7 @@ def add_runner_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-failures",
         type=whole_number,
-        default=0,
+        default=JobConfig().max_failures,
         help="restart a failed job (each sweep trial) up to N times, resuming from its "
         "latest checkpoint (default 0)",
     )

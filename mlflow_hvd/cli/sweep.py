@@ -164,7 +164,7 @@ def parallelism_choice(text: str) -> int | str:
     Raises:
         ConfigurationError: Anything else.
     """
-    from mlflow_hvd.sweep.concurrent import check_parallelism
+    from mlflow_hvd.sweep.loop import check_parallelism
 
     if text.strip().lower() == "auto":
         return "auto"

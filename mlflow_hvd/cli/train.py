@@ -17,6 +17,7 @@ DataFrame that arrives on every rank as that rank's own shard.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -115,8 +116,9 @@ def read_frames(args: argparse.Namespace, train: Any) -> tuple[dict[str, Any], A
 
     options = runner_options(args)
     # the session the job will run on, shipping the environment as the runner would
-    boot = SessionBoot(max(args.np, 1), options.cluster.spark_master, 30.0,
-                       options.cluster.ship_environment if args.np > 0 else False)
+    cluster = options.cluster if args.np > 0 else dataclasses.replace(
+        options.cluster, ship_environment=False)
+    boot = SessionBoot(max(args.np, 1), cluster, options.job.slot_timeout)
     spark = boot.session(timeout=120.0)
     source = args.data
     try:

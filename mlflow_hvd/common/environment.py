@@ -4,16 +4,14 @@ before its rank starts."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
 import sysconfig
 from importlib.metadata import distributions
-from pathlib import Path
 
 from mlflow_hvd.common import compat
-from mlflow_hvd.protocol.environment import FINGERPRINT_FILE, EnvironmentFingerprint
+from mlflow_hvd.protocol.environment import EnvironmentFingerprint
 
 
 def base_python() -> str:
@@ -47,11 +45,3 @@ def current(with_packages: bool = True) -> EnvironmentFingerprint:
         extensions=extensions,
         packages=packages() if with_packages else (),
     )
-
-
-def read_fingerprint(root: str) -> EnvironmentFingerprint | None:
-    """The fingerprint an unpacked archive at ``root`` records (None: not one of ours)."""
-    try:
-        return EnvironmentFingerprint.loads(Path(root, FINGERPRINT_FILE).read_text())
-    except (OSError, ValueError, KeyError, json.JSONDecodeError):
-        return None

@@ -11,8 +11,8 @@
   options.
 """
 
-from mlflow_hvd.driver.job import Job, new_job_id, resolve_host
-from mlflow_hvd.driver.pool import run_job
+from mlflow_hvd.driver.job import Job, new_job_id
+from mlflow_hvd.driver.pool import RankPool
 from mlflow_hvd.driver.supervisor import DriverSettings, Verbosity
 
-__all__ = ["DriverSettings", "Job", "Verbosity", "new_job_id", "resolve_host", "run_job"]
+__all__ = ["DriverSettings", "Job", "RankPool", "Verbosity", "new_job_id"]

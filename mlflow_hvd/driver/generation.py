@@ -32,7 +32,6 @@ from mlflow_hvd.driver.routing import (
     request_router,
     untracked_answer,
 )
-from mlflow_hvd.driver.supervisor import DriverSettings
 from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import BackendError
 from mlflow_hvd.protocol.credentials import Credentials
@@ -135,7 +134,8 @@ class Generation:
             self.rendezvous.stop()
             raise
         self.channel = channel
-        self._idle_timeout = DriverSettings.idle_timeout  # what the ranks were started with
+        # what the ranks were started with (launch); before that no rank can wait
+        self._idle_timeout = 0.0
         self.feed_key: tuple[tuple[str, int], ...] = ()  # the DataFrames its ranks were fed
         self.split: FeedAgreed | None = None  # how they were split over the ranks
 

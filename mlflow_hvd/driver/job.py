@@ -5,7 +5,6 @@ many)."""
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ class Job:
     """
 
     payload: bytes = field(repr=False)
-    settings: DriverSettings = field(default_factory=DriverSettings)
+    settings: DriverSettings
     description: str = ""
     job_id: str = field(default_factory=new_job_id)
     on_tracking_write: TrackingWriter | None = None
@@ -57,12 +56,3 @@ class Job:
     def feed_key(self) -> tuple[tuple[str, int], ...]:
         """Which DataFrames the job's ranks must have been fed (empty: none)."""
         return self.feed.key if self.feed is not None else ()
-
-
-def resolve_host(host: str) -> str:
-    """IPv4 address of ``host`` (workers and Gloo connect to the driver by address)."""
-    try:
-        return socket.gethostbyname(host)
-    except OSError:
-        return host
-

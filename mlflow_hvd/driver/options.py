@@ -48,17 +48,8 @@ def runner_options(
     tracking = group_argument(tracking, TrackingConfig, "tracking")
     if cluster.spark_master is not None:
         standalone_addresses(cluster.spark_master)  # a malformed spark:// URL fails now
-    settings = DriverSettings(
-        verbosity=_verbosity(driver_log_verbosity),
-        start_timeout=job.start_timeout,
-        timeout=job.timeout,
-        stop_grace=job.stop_grace,
-        max_line_bytes=job.max_line_bytes,
-        gloo_iface=cluster.gloo_iface,
-        idle_timeout=job.idle_timeout,
-        horovod_env=_horovod_env(horovod, environ),
-        gpu_resource=cluster.gpu_resource,
-    )
+    settings = DriverSettings.from_config(job, cluster, _verbosity(driver_log_verbosity),
+                                          _horovod_env(horovod, environ))
     return RunnerOptions(job, cluster, tracking, horovod, settings)
 
 

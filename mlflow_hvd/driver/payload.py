@@ -21,6 +21,7 @@ from typing import Any
 import cloudpickle
 
 from mlflow_hvd.common import code_sources
+from mlflow_hvd.common.naming import callable_name
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.messages import Code, Payload, TrackingTarget
 
@@ -140,9 +141,7 @@ def check_call(main: Callable[..., Any], kwargs: dict[str, Any]) -> None:
             parameters=[p.replace(annotation=p.empty) for p in params.values()],
             return_annotation=signature.empty)
         raise ConfigurationError(
-            f"run({_fn_name(main)}, ...): {'; '.join(problems)}: main{plain}. run(main, "
+            f"run({callable_name(main)}, ...): {'; '.join(problems)}: main{plain}. run(main, "
             "**kwargs) calls main(**kwargs) on every rank")
 
 
-def _fn_name(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", None) or type(fn).__name__

@@ -15,7 +15,7 @@ backend (a Spark stage frees its slots), and stops the driver's servers, on ever
 from __future__ import annotations
 
 import logging
-import sys
+import threading
 from collections.abc import Callable
 from typing import TextIO
 
@@ -25,7 +25,7 @@ from mlflow_hvd.driver.feed import Feed
 from mlflow_hvd.driver.generation import Generation
 from mlflow_hvd.driver.job import Job
 from mlflow_hvd.driver.supervisor import JobRecord, supervise
-from mlflow_hvd.errors import BackendError, JobNotStartedError, WorkerFailedError
+from mlflow_hvd.errors import BackendError, JobNotStartedError, JobStopped, WorkerFailedError
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,15 @@ class RankPool:
         make_backend: Called for each new generation.
         warm: Keep each generation's ranks for the next job (``with HorovodRunner``);
             False: a generation serves one job and is closed after it.
+        stop: Once set, the running job (or the next one to start) ends as on Ctrl-C,
+            raising :class:`~mlflow_hvd.errors.JobStopped` (``HorovodRunner.stop``).
     """
 
-    def __init__(self, np: int, make_backend: MakeBackend, warm: bool) -> None:
+    def __init__(self, np: int, make_backend: MakeBackend, warm: bool,
+                 stop: threading.Event | None = None) -> None:
         self.np, self.warm = np, warm
         self._make_backend = make_backend
+        self.stop = stop or threading.Event()
         self._live: Generation | None = None
         self.generations = 0  # how many sets of ranks were started (1 + replacements)
 
@@ -72,6 +76,8 @@ class RankPool:
         """
         succeeded = False
         try:
+            if self.stop.is_set():
+                raise JobStopped(f"job {job.job_id} was stopped before it started")
             handed = self._hand_out(job)
             if not handed:
                 self._start_generation(job)
@@ -79,7 +85,8 @@ class RankPool:
             assert live is not None  # started or handed
             record = JobRecord(self.np, job.job_id, tasks=live.tasks)
             try:
-                value = supervise(record, live.events, live.backend, job.settings, out)
+                value = supervise(record, live.events, live.backend, job.settings, out,
+                                  self.stop)
             except WorkerFailedError as exc:
                 if not (handed and died_before_starting(record)):
                     raise
@@ -132,20 +139,3 @@ class RankPool:
         starts a new generation). Idempotent."""
         self._close_live(stop_now=False)
 
-
-def run_job(np: int, backend: Backend, job: Job, driver_host: str = "127.0.0.1",
-            out: TextIO | None = None) -> bytes:
-    """Run ``job`` on ``np`` new ranks of ``backend`` (a cold generation) and return rank
-    0's cloudpickled value; every server and rank is gone when it returns or raises.
-
-    Raises:
-        WorkerFailedError: A rank raised, exited non-zero or was killed.
-        StartTimeoutError: The job's start went ``settings.start_timeout`` without progress.
-        RunTimeoutError: The job exceeded ``settings.timeout``.
-        BackendError: The backend failed outside the user's code.
-    """
-    pool = RankPool(np, lambda _feed: (backend, driver_host), warm=False)
-    try:
-        return pool.run(job, out or sys.stdout)
-    finally:
-        pool.close()

@@ -29,10 +29,10 @@ class Decision(enum.Enum):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """``max_failures`` restarts of a failed job "
-      "(``HorovodRunner(job=JobConfig(max_failures=...))``)."""
+    """``max_failures`` restarts of a failed job
+    (``HorovodRunner(job=JobConfig(max_failures=...))``)."""
 
-    max_failures: int = 0
+    max_failures: int
 
     def decide(self, error: BaseException, attempt: int, reruns: int) -> Decision:
         """What to do after ``error`` ended ``attempt`` (0 first), which was already run

@@ -13,17 +13,20 @@ import collections
 import enum
 import logging
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend
+from mlflow_hvd.common.config import ClusterConfig, JobConfig
 from mlflow_hvd.driver.rendezvous import LayoutMismatch
 from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import (
     BackendError,
     DataInputError,
     FeedError,
+    JobStopped,
     MlflowHvdError,
     RankFailure,
     RunTimeoutError,
@@ -61,26 +64,38 @@ class Verbosity(enum.Enum):
 
 @dataclass(frozen=True)
 class DriverSettings:
-    """Deadlines and output settings of one run (all seconds)."""
+    """Deadlines and output settings of one run (all seconds). The options users set come
+    from their groups (:meth:`from_config`), which hold their defaults; only the driver's
+    own settings below have defaults here."""
 
-    verbosity: Verbosity = Verbosity.LOG_CALLBACK_ONLY
-    start_timeout: float = 60.0
-    timeout: float | None = None  # HorovodRunner(timeout): the whole job's limit
-    stop_grace: float = 5.0
-    channel_timeout: float = 60.0
+    verbosity: Verbosity
+    start_timeout: float
+    timeout: float | None  # HorovodRunner(timeout): the whole job's limit
+    stop_grace: float
     # A warm rank idle this long between jobs is retired (its Spark slot freed); the next
     # run starts new ranks.
-    idle_timeout: float = 3600.0
-    max_line_bytes: int = 16384
-    gloo_iface: str | None = None
+    idle_timeout: float
+    max_line_bytes: int
+    gloo_iface: str | None
+    gpu_resource: str  # Spark resource name of the GPUs ranks get
+    horovod_env: tuple[tuple[str, str], ...] = ()  # Horovod's tuning, for every rank
+    channel_timeout: float = 60.0  # each rank-to-driver send's deadline
     log_prefix: str = ""  # before every line shown, e.g. "[trial 3]" in a sweep
     # After a failure and stop(), how long the other ranks get to report their exit; also
     # how long exit reports may lag behind a backend that says it finished.
     report_grace: float = 15.0
-    horovod_env: tuple[tuple[str, str], ...] = ()  # Horovod's tuning, for every rank
-    gpu_resource: str = "gpu"  # Spark resource name of the GPUs ranks get
     # The driver's MLflow client settings, for the job's rank 0 only (repr shows names only)
     credentials: Credentials | None = None
+
+    @classmethod
+    def from_config(cls, job: JobConfig, cluster: ClusterConfig, verbosity: Verbosity,
+                    horovod_env: tuple[tuple[str, str], ...] = ()) -> DriverSettings:
+        """The settings of the options in ``job`` and ``cluster`` (``verbosity``:
+        ``HorovodRunner(driver_log_verbosity=...)``)."""
+        return cls(verbosity=verbosity, start_timeout=job.start_timeout, timeout=job.timeout,
+                   stop_grace=job.stop_grace, idle_timeout=job.idle_timeout,
+                   max_line_bytes=job.max_line_bytes, gloo_iface=cluster.gloo_iface,
+                   gpu_resource=cluster.gpu_resource, horovod_env=horovod_env)
 
 
 class JobState(enum.Enum):
@@ -253,6 +268,7 @@ def supervise(
     backend: Backend,
     settings: DriverSettings,
     out: TextIO,
+    stop: threading.Event,
 ) -> bytes:
     """Run the loop until every rank exited or a deadline ends the job.
 
@@ -261,8 +277,9 @@ def supervise(
 
     Raises:
         WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError.
+        JobStopped: ``stop`` was set (the caller stops the ranks, as on Ctrl-C).
     """
-    outcome = watch(job, events, backend, settings, out)
+    outcome = watch(job, events, backend, settings, out, stop)
     log.info("job %s: %s after %.1fs", job.job_id,
              "succeeded" if outcome.error is None else f"ended by {type(outcome.error).__name__}",
              time.monotonic() - job.t0)
@@ -275,13 +292,17 @@ def watch(
     backend: Backend,
     settings: DriverSettings,
     out: TextIO,
+    stop: threading.Event,
 ) -> Outcome:
     """The loop: consume messages until every rank exited, a deadline passed or the job
-    failed and its ranks are down; never raises for the job's own failures."""
+    failed and its ranks are down; never raises for the job's own failures, only
+    :class:`JobStopped` once ``stop`` is set (checked every 0.1 s)."""
     t0 = job.t0
     wind_down = settings.stop_grace + settings.report_grace
     aborted: MlflowHvdError | None = None
     while not job.all_exited():
+        if stop.is_set():
+            raise JobStopped(f"job {job.job_id} was stopped (HorovodRunner.stop)")
         now = time.monotonic()
         if job.state is JobState.RUNNING:
             error = _check_running(job, backend, settings, now - t0, now)

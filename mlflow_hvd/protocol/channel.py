@@ -170,7 +170,7 @@ class ChannelClient:
     Thread-safe. Every operation has a deadline of ``timeout`` seconds.
     """
 
-    def __init__(self, host: str, port: int, secret: bytes, timeout: float = 60.0) -> None:
+    def __init__(self, host: str, port: int, secret: bytes, timeout: float) -> None:
         self._address = (host, port)
         self._secret = secret
         self._timeout = timeout

@@ -48,15 +48,15 @@ class JobSpec:
     rendezvous_port: int
     job_id: str
     description: str
-    channel_timeout: float = 60.0
-    max_line_bytes: int = 16384
-    stop_grace: float = 5.0
-    gloo_iface: str | None = None
-    pooled: bool = False
-    log_level: str = ""  # the driver's lifecycle log level for agents and ranks ("": off)
-    idle_timeout: float = 3600.0
+    channel_timeout: float
+    max_line_bytes: int
+    stop_grace: float
+    gloo_iface: str | None
+    pooled: bool
+    log_level: str  # the driver's lifecycle log level for agents and ranks ("": off)
+    idle_timeout: float
     # HOROVOD_* tuning variables for every rank (mlflow_hvd.common.horovod_env.job_env)
-    horovod_env: tuple[tuple[str, str], ...] = ()
-    gpu_resource: str = "gpu"  # the Spark resource whose addresses become CUDA_VISIBLE_DEVICES
+    horovod_env: tuple[tuple[str, str], ...]
+    gpu_resource: str  # the Spark resource whose addresses become CUDA_VISIBLE_DEVICES
     feed: FeedSpec | None = None
     environment: EnvironmentFingerprint | None = None

@@ -34,8 +34,8 @@ class Bootstrap:
     payload_path: str
     parent_pid: int
     channel_timeout: float
-    pooled: bool = False  # after a job, ask the driver for the next one (a warm pool)
-    idle_timeout: float = 3600.0  # seconds a pooled rank waits for the next job
+    pooled: bool  # after a job, ask the driver for the next one (a warm pool)
+    idle_timeout: float  # seconds a pooled rank waits for the next job
     shards: str = ""  # the rank's manifest of DataFrame shards (protocol/feed.py), if any
 
     def to_json(self) -> str:
@@ -54,8 +54,8 @@ class TrackingTarget:
     tracking_uri: str
     run_id: str
     experiment_id: str
-    system_metrics: bool = False
-    tracking_timeout: float = 30.0  # HorovodRunner(tracking_timeout): rank 0's final delivery
+    system_metrics: bool  # TrackingConfig(log_system_metrics)
+    tracking_timeout: float  # TrackingConfig(tracking_timeout): rank 0's final delivery
     # What the driver read of the run just before this attempt, so that rank 0 need not ask
     # the server before training (None: unknown, rank 0 asks)
     facts: RunFacts | None = None

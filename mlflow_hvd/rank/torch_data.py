@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mlflow_hvd.common.naming import callable_name
 from mlflow_hvd.errors import DataInputError
 from mlflow_hvd.protocol.feed import ShardFile
 from mlflow_hvd.rank.passes import Pass
@@ -126,24 +127,25 @@ class ShardDataset(torch.utils.data.IterableDataset):
         without another copy, and the rows' arrays are not all held at once)."""
         out: _Batch | None = None
         keys = list(batch)
+        name = callable_name(self.transform)
         for i in range(self.batch_size):
             row = {k: batch[k][i] for k in keys}
             try:
                 got = self.transform(row)  # type: ignore[misc]
             except Exception as exc:
                 raise DataInputError(
-                    f"rank {self.rank}: transform {_name(self.transform)} failed on "
+                    f"rank {self.rank}: transform {name} failed on "
                     f"{self._where(index, i, epoch)}: {type(exc).__name__}: {exc}") from exc
             if not isinstance(got, dict):
                 raise DataInputError(
-                    f"rank {self.rank}: transform {_name(self.transform)} must return a dict of "
+                    f"rank {self.rank}: transform {name} must return a dict of "
                     f"the row's columns (as it was given one), got {type(got).__name__}")
             if out is None:
                 out = _Batch(got, self.batch_size)
             problem = out.put(i, got)
             if problem:
                 raise DataInputError(
-                    f"rank {self.rank}: transform {_name(self.transform)} returned, for "
+                    f"rank {self.rank}: transform {name} returned, for "
                     f"{self._where(index, i, epoch)}, {problem}")
         assert out is not None
         return out.columns
@@ -175,10 +177,6 @@ class ShardDataset(torch.utils.data.IterableDataset):
         with open(self._counter) as f:
             text = f.read()
         return len(json.loads(text)) if text else 0
-
-
-def _name(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or repr(fn)
 
 
 class _Batch:

@@ -2,7 +2,7 @@
 trial.
 
 Every value rank 0 logs of the sweep's metric with a step reaches the trial's
-:class:`TrialJudge` as an :class:`~mlflow_hvd.protocol.messages.EpochReport` (see
+:class:`TrialJudge` (an :class:`~mlflow_hvd.runner.EpochJudge`; see
 :mod:`mlflow_hvd.rank.tracking.pruning`); the judge compares the trial with the curves of the
 trials before it (:class:`History`, rebuilt from the saved hyperopt results when a sweep is
 resumed, so a resumed sweep decides as an uninterrupted one would) and answers at once.
@@ -31,7 +31,7 @@ from typing import Any
 
 from mlflow_hvd.common.options import check_positive_int
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.protocol.messages import EpochReport, EpochVerdict
+from mlflow_hvd.runner import EpochDecision
 
 
 @dataclass(frozen=True)
@@ -224,8 +224,8 @@ class JudgedTrial:
 
 
 class TrialJudge:
-    """Answers one trial's epoch reports (:class:`~mlflow_hvd.driver.tracking.epochs.
-    EpochJudge`); called on the driver's channel thread, once per epoch."""
+    """Answers one trial's epoch reports (an :class:`~mlflow_hvd.runner.EpochJudge`);
+    called on the driver's channel thread, once per epoch."""
 
     def __init__(self, rule: Rule, history: History | Callable[[], History], metric: str,
                  sign: float, max_epochs: int | None,
@@ -242,32 +242,32 @@ class TrialJudge:
         self._last_epoch = 0
         self._ignored = 0
 
-    def __call__(self, report: EpochReport) -> EpochVerdict:
+    def __call__(self, metric: str, step: int, value: float) -> EpochDecision:
         with self._lock:
-            if report.key != self.metric:
-                return EpochVerdict(False, 0)
-            self._values[report.step] = float(report.value)
+            if metric != self.metric:
+                return EpochDecision(False, 0)
+            self._values[step] = float(value)
             steps = sorted(self._values)
-            epoch = steps.index(report.step) + 1
+            epoch = steps.index(step) + 1
             if self._pruned_after and epoch > self._pruned_after and not self._ignored:
                 self._ignored = self._pruned_after
             self._last_epoch = epoch
             if self._on_values is not None:
                 self._on_values(tuple(self._values[s] for s in steps))
             verdict = self._judge(epoch, [self.sign * self._values[s] for s in steps[:epoch]])
-            self._pruned_after = epoch if verdict.prune else 0
+            self._pruned_after = epoch if verdict.stop else 0
             return verdict
 
-    def _judge(self, epoch: int, signed: list[float]) -> EpochVerdict:
+    def _judge(self, epoch: int, signed: list[float]) -> EpochDecision:
         if self.max_epochs is not None and epoch >= self.max_epochs:
-            return EpochVerdict(False, epoch)  # its last epoch: nothing left to save
+            return EpochDecision(False, epoch)  # its last epoch: nothing left to save
         history = self.history if isinstance(self.history, History) else self.history()
         cut = self.rule.cut(history.curves, epoch)
         mine = self.rule.own(signed)
         if cut is None or not mine > cut.threshold:
-            return EpochVerdict(False, epoch)
+            return EpochDecision(False, epoch)
         own = self.rule.own_words(self.metric, epoch, self.sign)
-        return EpochVerdict(
+        return EpochDecision(
             True, epoch,
             f"{self.rule.name}: {own}, {self.sign * mine:.6g}, is worse than {cut.what} of "
             f"{cut.trials} earlier trials at epoch {epoch} ({self.sign * cut.threshold:.6g})")

@@ -25,13 +25,13 @@ from mlflow_hvd.driver.signals import sigterm_interrupts
 from mlflow_hvd.driver.tracking.run import store_lock
 from mlflow_hvd.errors import ConfigurationError, MlflowHvdError
 from mlflow_hvd.runner import HorovodRunner
-from mlflow_hvd.sweep.concurrent import check_parallelism, resolve_parallelism, run_slots
+from mlflow_hvd.sweep.loop import check_parallelism, resolve_parallelism, run_trials
 from mlflow_hvd.sweep.plot import plot_losses
 from mlflow_hvd.sweep.pruning import Rule, describe, make_rule
 from mlflow_hvd.sweep.registry import check_name, check_registry, register_best
 from mlflow_hvd.sweep.space import plain, validate_space
-from mlflow_hvd.sweep.trial import TAG, Notes, Plan, run_trial
-from mlflow_hvd.sweep.trials_store import load_trials, no_progress, save_trials
+from mlflow_hvd.sweep.trial import TAG, Plan
+from mlflow_hvd.sweep.trials_store import load_trials
 
 log = logging.getLogger(__name__)
 
@@ -206,18 +206,13 @@ def _sweep(plan: Plan, runner: HorovodRunner, parent_run_id: str | None,
             mlflow.active_run())
     parent_id = parent.info.run_id  # type: ignore[union-attr]
     try:
-        from hyperopt import Trials
-
-        trials = load_trials(client, parent_id) or Trials()
+        saved = load_trials(client, parent_id)
         _describe_parent(client, parent_id, plan)
         with runner if plan.warm else contextlib.nullcontext(runner):
-            at_once = resolve_parallelism(parallelism, plan.np, runner,
-                                          plan.max_evals - len(trials.trials))
+            at_once = resolve_parallelism(parallelism, plan.np, runner, plan.max_evals - (
+                len(saved.trials) if saved is not None else 0))
             _log_params_once(client, parent_id, {"parallelism": at_once})
-            if at_once == 1:
-                _run_trials(client, parent_id, trials, plan, runner)
-            else:
-                run_slots(client, parent_id, trials, plan, runner, at_once)
+            trials = run_trials(client, parent_id, saved, plan, runner, at_once)
         result = _summarise(client, parent_id, trials, plan)
         if model_name is not None:
             result = _register(client, model_name, result, plan)
@@ -322,46 +317,6 @@ def _describe_parent(client: Any, parent_id: str, plan: Plan) -> None:
         json.dumps({k: str(v) for k, v in plan.space.items()}, indent=2),
         "search_space.json",
     )
-
-
-def _run_trials(
-    client: Any, parent_id: str, trials: Any, plan: Plan, runner: HorovodRunner
-) -> None:
-    """Run the remaining trials, saving the history after each one."""
-    import numpy
-    from hyperopt import fmin, tpe
-    from hyperopt.exceptions import AllTrialsFailed
-
-    notes = Notes()
-
-    def objective(params: dict[str, Any]) -> dict[str, Any]:
-        done = trials.results[:-1]  # hyperopt already holds this trial's empty result
-        return run_trial(client, len(trials.trials) - 1, params, plan, runner, done, notes)
-
-    for n in range(len(trials.trials) + 1, plan.max_evals + 1):
-        # One evaluation per call, with an rng that depends only on (seed, n): the same
-        # seed gives the same params whether or not the sweep was interrupted.
-        try:
-            fmin(
-                objective,
-                plan.space,
-                algo=tpe.suggest,
-                max_evals=n,
-                trials=trials,
-                # (seed, n) as two words of entropy: seeds 0 and 1 draw unrelated streams
-                # (seed + n made seed 1's trial n seed 0's trial n + 1)
-                rstate=numpy.random.default_rng([plan.seed, n]),
-                show_progressbar=False,
-                return_argmin=False,
-            )
-        except AllTrialsFailed:
-            # fmin's closing argmin found no successful trial yet; every trial is recorded
-            # in `trials` (and saved below): the sweep goes on
-            log.debug("sweep %s: no successful trial after %d", parent_id, n)
-        save_trials(client, parent_id, trials)
-        if plan.early_stop_rounds and no_progress(trials.results, plan.early_stop_rounds):
-            client.set_tag(parent_id, f"{TAG}early_stopped", f"after {n} trials")
-            return
 
 
 def _log_params_once(client: Any, run_id: str, params: Mapping[str, Any]) -> None:

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from mlflow_hvd.backends.spark import private
+from mlflow_hvd.common import network
 from mlflow_hvd.errors import BackendError
 
 PYTHON_CONF = "spark.sql.execution.pyspark.python"  # a session's Python workers' interpreter
@@ -76,13 +78,11 @@ class ClassicApi:
         return self.application_id()
 
     def stopped(self) -> bool:
-        return getattr(self._sc, "_jsc", None) is None
+        return private.context_stopped(self._sc)
 
     def task_slots(self) -> int | None:
         """Tasks the cluster can run at once right now (executors x cores / task cpus)."""
-        jsc = self._sc._jsc.sc()
-        profile = jsc.resourceProfileManager().defaultResourceProfile()
-        return int(jsc.maxNumConcurrentTasks(profile))
+        return private.max_concurrent_tasks(self._sc)
 
     def driver_host(self) -> str:
         """Where executors reach this process: Spark's own ``spark.driver.host``."""
@@ -288,9 +288,7 @@ def route_source(host: str) -> str:
         return "127.0.0.1"
     if address.startswith("127."):
         return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect((address, 9))
-            return str(probe.getsockname()[0])
-        except OSError:
-            return "127.0.0.1"
+    try:
+        return network.route_source(address)
+    except OSError:
+        return "127.0.0.1"

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from mlflow_hvd.agent.spark_task import RESULT_SCHEMA, barrier_partition_task, barrier_task
-from mlflow_hvd.backends.spark.api import ConnectApi, session_api
+from mlflow_hvd.backends.spark.api import ConnectApi, SessionApi, session_api
 from mlflow_hvd.backends.spark.boot import archive_of
 from mlflow_hvd.backends.spark.environment import prepare_executors, ship_to_connect
 from mlflow_hvd.backends.spark.failures import summarize_spark_error
@@ -17,6 +17,7 @@ from mlflow_hvd.backends.spark.session import (
     shipped_environment,
     wait_for_slots,
 )
+from mlflow_hvd.common.config import ClusterConfig, JobConfig
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import BackendFinished, Sink
 
@@ -28,8 +29,8 @@ class SparkBackend:
     exactly ``np`` partitions (``frame``, from :mod:`mlflow_hvd.driver.feed`), whose
     partitions the tasks write locally for their ranks (as ``JobSpec.feed`` says). A job
     without data runs the same task as an RDD barrier stage over ``range(np)`` on a classic
-    session (the first job of a new JVM starts its tasks about 0.6 s sooner than through the
-    DataFrame API, docs/benchmarks.md), over ``spark.range(np)`` on a Connect one.
+    session (on a new JVM its tasks start sooner than through the DataFrame API:
+    docs/benchmarks.md), over ``spark.range(np)`` on a Connect one.
 
     ``stop`` cancels the job group (interrupts the tag); Spark then kills the tasks' Python
     workers, whose own worker processes die with them (parent-death signal).
@@ -37,15 +38,14 @@ class SparkBackend:
 
     name = "spark"
 
-    def __init__(self, spark: Any, slot_timeout: float = 30.0, frame: Any = None,
-                 environment_timeout: float = 600.0,
-                 ship_environment: bool | str = False) -> None:
+    def __init__(self, spark: Any, job: JobConfig, cluster: ClusterConfig,
+                 frame: Any = None) -> None:
         self._spark = spark
         self._frame = frame  # the job's data, in exactly np partitions (None: no data)
         self._api = session_api(spark)
-        self._slot_timeout = slot_timeout
-        self._environment_timeout = environment_timeout
-        self._ship = ship_environment  # a Connect session is given it here
+        self._slot_timeout = job.slot_timeout
+        self._environment_timeout = cluster.environment_timeout
+        self._ship = cluster.ship_environment  # a Connect session is given it here
         self._thread: threading.Thread | None = None
         self._job_id: str | None = None
 
@@ -117,7 +117,13 @@ class SparkBackend:
             self.wait(60.0)
 
     def describe(self) -> dict[str, str]:
-        facts = {"backend": self.name, "spark_master": self._api.master()}
-        if isinstance(self._api, ConnectApi):
-            facts["spark_connect"] = self._api.server_host()
-        return facts
+        return session_facts(self._api)
+
+
+def session_facts(api: SessionApi) -> dict[str, str]:
+    """A Spark backend's facts for tags and messages: its master, and a Connect session's
+    server."""
+    facts = {"backend": SparkBackend.name, "spark_master": api.master()}
+    if isinstance(api, ConnectApi):
+        facts["spark_connect"] = api.server_host()
+    return facts

@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from mlflow_hvd.common.config import ClusterConfig
 from mlflow_hvd.errors import BackendError, ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -26,17 +27,16 @@ class SessionBoot:
     Args:
         np: Number of ranks (an embedded ``local[max(np, cores)]`` master when nothing
             names one).
-        spark_master: ``HorovodRunner(cluster=ClusterConfig(spark_master=...))``.
+        cluster: ``HorovodRunner(cluster=...)``: the master, and the environment shipped
+            with the session.
         probe_timeout: Seconds a standalone master gets to accept a connection.
     """
 
-    def __init__(self, np: int, spark_master: str | None, probe_timeout: float,
-                 ship_environment: bool | str = False,
-                 environment_timeout: float = 600.0) -> None:
-        self.np, self.spark_master, self.probe_timeout = np, spark_master, probe_timeout
-        self.ship_environment = ship_environment
+    def __init__(self, np: int, cluster: ClusterConfig, probe_timeout: float) -> None:
+        self.np, self.spark_master, self.probe_timeout = np, cluster.spark_master, probe_timeout
+        self.ship_environment = cluster.ship_environment
         # a shipped archive is unpacked by the driver too while its context starts
-        self.environment_timeout = environment_timeout
+        self.environment_timeout = cluster.environment_timeout
         self._unpacking = False  # the session booting ships an archive
         self._chosen: tuple[Any, str] | None = None  # (active session or None, master)
         self._booting: Future[Any] | None = None  # a new session starting

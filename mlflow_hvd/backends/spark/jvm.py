@@ -34,6 +34,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from mlflow_hvd.backends.spark import private
 from mlflow_hvd.common.cache import cache_root, keep_newest
 from mlflow_hvd.errors import BackendError, ConfigurationError
 
@@ -169,7 +170,6 @@ def build_archive(timeout: float = 300.0, env: Mapping[str, str] = os.environ) -
 def _dump(partial: str, timeout: float) -> None:
     """The child of :func:`build_archive`: load what a HorovodRunner job loads, then exit so
     the JVM writes the archive."""
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     spark = (
@@ -185,9 +185,9 @@ def _dump(partial: str, timeout: float) -> None:
         lambda rows: rows).collect()
     spark.range(0, 2, 1, 2).mapInArrow(lambda batches: batches, "id long", barrier=True).collect()
     spark.stop()
-    gateway = SparkContext._gateway
-    assert gateway is not None
-    jvm = gateway.proc
+    jvm = private.gateway_process()
+    if jvm is None:
+        raise SystemExit("the Spark session left no JVM to wait for")
     jvm.stdin.close()  # Spark's gateway exits when its stdin closes: the archive is written
     code = jvm.wait(timeout=timeout)
     if code != 0:  # the archive may be incomplete: build_archive keeps nothing

@@ -25,26 +25,15 @@ from mlflow_hvd.protocol.environment import (
 )
 
 
-def get_or_create_session(np: int, spark_master: str | None = None, timeout: float = 30.0) -> Any:
-    """The active SparkSession, or a new one on the configured master (see
-    :mod:`.master`), or an embedded ``local[max(np, cores)]`` one when nothing configures a
-    master.
+def resolve_master(np: int, spark_master: str | None, timeout: float) -> tuple[Any, str]:
+    """``(active session or None, master URL)`` for a job of ``np`` ranks: the active
+    SparkSession, else the configured master (see :mod:`.master`), else an embedded
+    ``local[max(np, cores)]``, without starting a JVM: a wrong or unreachable master fails
+    here, in a second.
 
     Raises:
         ConfigurationError: ``spark_master`` differs from the active session's master.
         BackendError: The configured standalone master does not answer within ``timeout``.
-    """
-    active, master = resolve_master(np, spark_master, timeout)
-    return active if active is not None else new_session(master)
-
-
-def resolve_master(np: int, spark_master: str | None = None, timeout: float = 30.0
-                   ) -> tuple[Any, str]:
-    """``(active session or None, master URL)`` of :func:`get_or_create_session`, without
-    starting a JVM: a wrong or unreachable master fails here, in a second.
-
-    Raises:
-        ConfigurationError, BackendError: As :func:`get_or_create_session`.
     """
     active = active_session()
     choice = choose_master(spark_master, os.environ)

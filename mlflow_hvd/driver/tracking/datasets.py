@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mlflow_hvd.common import mlflow_private
 from mlflow_hvd.driver.feed import Feed
 from mlflow_hvd.protocol.feed import Agreed
 from mlflow_hvd.protocol.messages import FeedAgreed
@@ -59,7 +60,7 @@ def dataset_input(argument: str, frame: Any, split: Agreed) -> Any:
     entity = Dataset(
         name=dataset.name,
         digest=dataset.digest,
-        source_type=dataset.source._get_source_type(),
+        source_type=mlflow_private.dataset_source_type(dataset.source),
         source=dataset.source.to_json(),
         schema=json.dumps({"mlflow_colspec": schema.to_dict()}) if schema else None,
         profile=json.dumps({"num_rows": split.total, "ranks": len(split.partition_rows),

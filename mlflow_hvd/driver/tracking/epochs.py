@@ -1,16 +1,16 @@
 """Driver side of pruning: what answers rank 0's tracking requests in a job whose epochs
 are judged (:mod:`mlflow_hvd.rank.tracking.pruning` is the rank side).
 
-The job's :class:`EpochJudge` (a sweep's trial, :mod:`mlflow_hvd.sweep.pruning`) answers
-each :class:`~mlflow_hvd.protocol.messages.EpochReport` on the channel server's thread,
-while rank 0 waits: a decision from numbers already in memory, no MLflow call.
+The job's judge (the runner's adapter of a :class:`mlflow_hvd.runner.EpochJudge`, a sweep's
+trial) answers each :class:`~mlflow_hvd.protocol.messages.EpochReport` on the channel
+server's thread, while rank 0 waits: a decision from numbers already in memory, no MLflow
+call.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 from mlflow_hvd.protocol.messages import (
     EpochReport,
@@ -22,18 +22,13 @@ from mlflow_hvd.protocol.messages import (
 
 log = logging.getLogger(__name__)
 
-
-class EpochJudge(Protocol):
-    """Decides, per epoch, whether a job's training goes on."""
-
-    metric: str  # what rank 0 reports
-
-    def __call__(self, report: EpochReport) -> EpochVerdict: ...
+Judge = Callable[[EpochReport], EpochVerdict]
+"""Decides, per epoch, whether a job's training goes on."""
 
 
 def rank0_requests(
     writes: Callable[[TrackingWrite], TrackingWritten],
-    judge: EpochJudge | None,
+    judge: Judge | None,
     run_id: str,
 ) -> Callable[[TrackingWrite | EpochReport], object]:
     """One job's answers to rank 0: writes to ``writes``, epoch reports of the job's run to

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from mlflow_hvd.common import mlflow_private
+from mlflow_hvd.common.config import TrackingConfig
 from mlflow_hvd.common.deadline import call_within
 from mlflow_hvd.common.tracking_server import (
     check_authorized,
@@ -28,7 +30,7 @@ from mlflow_hvd.common.tracking_server import (
     run_facts,
 )
 from mlflow_hvd.driver.tracking import undelivered
-from mlflow_hvd.errors import RetriesExhaustedError, Terminated, WorkerFailedError
+from mlflow_hvd.errors import JobStopped, RetriesExhaustedError, Terminated, WorkerFailedError
 from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.messages import TrackingTarget
 
@@ -110,15 +112,13 @@ def store_lock(uri: str) -> Iterator[None]:
 def driver_run(
     np: int,
     backend: Mapping[str, str],
-    system_metrics: bool = False,
-    tracking_timeout: float = 30.0,
-    undelivered_dir: str | None = None,
+    tracking: TrackingConfig,
 ) -> Iterator[TrackingTarget]:
     """Resolve or start the job's MLflow run; end it with the right status if we started it.
 
     Ending the run (status, failure tags, ``error.txt``) has one deadline,
-    ``tracking_timeout`` seconds: against an unreachable tracking server the job's own
-    outcome is returned or raised after at most that long, with a warning naming what was
+    ``tracking.tracking_timeout`` seconds: against an unreachable tracking server the job's
+    own outcome is returned or raised after at most that long, with a warning naming what was
     not recorded. A bookkeeping error never replaces the job's error.
 
     Raises:
@@ -159,8 +159,8 @@ def driver_run(
         tracking_uri=uri,
         run_id=run_id,
         experiment_id=run.info.experiment_id,
-        system_metrics=system_metrics,
-        tracking_timeout=tracking_timeout,
+        system_metrics=tracking.log_system_metrics,
+        tracking_timeout=tracking.tracking_timeout,
         facts=facts,
         local_artifacts=make_local_artifact_dir(run.info.artifact_uri),
         registry_uri=absolute_tracking_uri(mlflow.get_registry_uri()),
@@ -169,13 +169,15 @@ def driver_run(
         start_time=int(run.info.start_time or 0),
         artifact_uri=run.info.artifact_uri or "",
     )
-    ending = _Ending(client, target, owned, tracking_timeout,
-                     undelivered_dir or undelivered.default_root())
+    ending = _Ending(client, target, owned, tracking.tracking_timeout,
+                     tracking.undelivered_dir or undelivered.default_root())
     try:
         yield target
     except KeyboardInterrupt as exc:
         reason = (
-            "terminated by SIGTERM" if isinstance(exc, Terminated) else "interrupted by the user"
+            "terminated by SIGTERM" if isinstance(exc, Terminated)
+            else "stopped by HorovodRunner.stop()" if isinstance(exc, JobStopped)
+            else "interrupted by the user"
         )
         ending.close("KILLED", {f"{TAG_PREFIX}status_reason": reason})
         raise
@@ -244,9 +246,7 @@ _told: set[str] = set()
 def _say_where_once(uri: str) -> None:
     """When nobody chose a tracking store, MLflow's default is created in the working
     directory: say where, once per process, with the command that opens it."""
-    from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
-
-    if is_tracking_uri_set() or uri in _told:
+    if mlflow_private.tracking_uri_was_set() or uri in _told:
         return
     _told.add(uri)
     print(
@@ -261,12 +261,8 @@ def _say_where_once(uri: str) -> None:
 def _forget_active_run(run_id: str) -> None:
     """Pop our run off MLflow's active-run stack without another server call (what
     ``mlflow.end_run`` does besides ``set_terminated``, which :class:`_Ending` has made)."""
-    from mlflow.tracking import fluent
-
     os.environ.pop("MLFLOW_RUN_ID", None)
-    stack = fluent._active_run_stack.get()
-    if stack and stack[-1].info.run_id == run_id:
-        stack.pop()
+    mlflow_private.forget_active_run(run_id)
 
 
 def failure_tags(exc: BaseException) -> dict[str, str]:

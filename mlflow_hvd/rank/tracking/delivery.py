@@ -109,6 +109,12 @@ class Delivery:
         shutil.copyfile(src, dst)
         return dst
 
+    def queued(self) -> tuple[int, int]:
+        """Records taken from the inbox and not yet delivered: ``(in memory, in the spill
+        file)``."""
+        with self._cond:
+            return len(self._memory), self._spilled
+
     def flush(self, timeout: float) -> None:
         """Wait until every record put so far is delivered.
 

@@ -4,9 +4,10 @@ training function and undone after it (a warm rank starts its next job clean).
 ``MLFLOW_TRACKING_URI`` names the job's store (:mod:`.store`), ``MLFLOW_RUN_ID`` and
 ``MLFLOW_EXPERIMENT_ID`` the driver's run and its experiment, ``MLFLOW_REGISTRY_URI`` the
 driver's Model Registry on rank 0 (which holds the credentials) and, on other ranks, a
-registry that says to use it from rank 0. Only public MLflow API is used, and only if the job
-imported MLflow: at the end, runs user code left active are ended (the store leaves the job's
-run to the driver) and autologging the job turned on is turned off.
+registry that says to use it from rank 0. MLflow is touched only if the job imported it: at
+the end, runs user code left active are ended (the store leaves the job's run to the driver)
+and autologging the job turned on is turned off (which integrations are on is read
+through :mod:`mlflow_hvd.common.mlflow_private`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from mlflow_hvd.common import mlflow_private
 from mlflow_hvd.protocol.messages import TrackingTarget
 from mlflow_hvd.rank.tracking.plugin import ENTRY_POINTS
 
@@ -90,9 +92,7 @@ def enabled_autologging() -> list[str]:
     ``mlflow.autolog()``, else the flavor: ``"tensorflow"``, ``"sklearn"``, ...)."""
     if "mlflow" not in sys.modules:
         return []
-    from mlflow.utils.autologging_utils import AUTOLOGGING_INTEGRATIONS, autologging_is_disabled
-
-    return [name for name in list(AUTOLOGGING_INTEGRATIONS) if not autologging_is_disabled(name)]
+    return mlflow_private.enabled_autologging()
 
 
 def autologging(flavors: tuple[str, ...]) -> bool:

@@ -69,11 +69,6 @@ def close() -> None:
         channel.close()
 
 
-def watched_metric() -> str:
-    """The metric this job reports per epoch, or "" when it does not prune."""
-    return _watch.metric
-
-
 def observe(metrics: Mapping[str, Any], step: int | None) -> None:
     """Rank 0, as metrics are logged: report the watched one to the driver (when it is
     among ``metrics`` and has a step) and keep the verdict for :func:`should_prune`."""
@@ -175,4 +170,4 @@ def _horovod() -> Any:
     )
 
 
-__all__ = ["close", "observe", "reset", "should_prune", "was_pruned", "watched_metric"]
+__all__ = ["close", "observe", "reset", "should_prune", "was_pruned"]

@@ -1,0 +1,46 @@
+"""The names mlflow_hvd reads from pyspark that are not its public API, gathered here: each
+with why no public API does it, and the pyspark versions it was checked on (the tested
+range, 3.5.9 and 4.3.0: docs/install.md, Compatibility). A classic session only; Spark
+Connect sessions have no JVM in this process and are asked through public API
+(:mod:`.api`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def context_stopped(sc: Any) -> bool:
+    """Whether ``sc`` (a ``SparkContext``) was stopped.
+
+    Why private: pyspark has no public "is stopped" (``SparkSession.getActiveSession()``
+    still returns a stopped session's object); ``stop()`` sets ``SparkContext._jsc`` to
+    None. Checked on 3.5.9 and 4.3.0."""
+    return getattr(sc, "_jsc", None) is None
+
+
+def max_concurrent_tasks(sc: Any) -> int:
+    """Tasks the cluster can run at once right now (executors x cores / task cpus), as
+    Spark's scheduler counts them for barrier stages.
+
+    Why private: pyspark exposes no slot count (``defaultParallelism`` is a setting, not
+    the executors there); the JVM's ``SparkContext.maxNumConcurrentTasks(profile)`` is what
+    Spark itself checks a barrier stage against, reached through ``SparkContext._jsc``.
+    Checked on 3.5.9 and 4.3.0."""
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def gateway_process() -> Any:
+    """The JVM process (a ``subprocess.Popen``) of this process's Spark gateway; None
+    without one.
+
+    Why private: pyspark offers no way to wait for its JVM to exit (``SparkSession.stop()``
+    returns while the JVM still runs); the gateway's process is
+    ``SparkContext._gateway.proc``, and the JVM exits when its stdin closes. Checked on
+    3.5.9 and 4.3.0."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    return None if gateway is None else gateway.proc

@@ -236,7 +236,8 @@ class HorovodRunner:
                 log.info("attempt %d of %d of %s starts", attempt + 1, max_failures + 1,
                          callable_name(main))
                 if record is not None:
-                    attempts.started(record, attempt, timeout, self._undelivered_root())
+                    attempts.started(record, attempt, abs(self.num_processor), timeout,
+                                     self._undelivered_root())
             try:
                 job = self._job(main, code, target, attempt, settings, hooks, feed)
                 return cloudpickle.loads(self._pool.run(job, sys.stdout))

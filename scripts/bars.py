@@ -1,7 +1,8 @@
 """Tripwires, not targets: no function of the package over 100 lines of code (docstrings,
 comments and blank lines excluded), no module of it over 700 lines, and ``time.sleep`` in
 the tests only where it stands for a slow or stuck process (the tiny workers, the rank-side
-Gloo stand-in, the outage set-ups, the sweep loop's slow trials) or paces the one polling helper (``services.wait_until``).
+Gloo stand-in, the outage set-ups, the sweep loop's slow trials) or paces the one polling
+helper (``services.wait_until``).
 
 Run: ``python scripts/bars.py`` (``make lint`` and ``make test`` run it); exits 1 naming
 every place over a bar.

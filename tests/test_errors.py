@@ -33,14 +33,16 @@ def test_every_error_is_a_mlflow_hvd_error_and_pickles() -> None:
     assert len(found) >= 16  # the walk found the hierarchy, not an empty module
     for cls in found:
         exc = _example(cls)
-        # Terminated is a KeyboardInterrupt, so that it unwinds the driver like Ctrl-C
-        assert isinstance(exc, errors.MlflowHvdError) or cls is errors.Terminated, cls
+        # Terminated and JobStopped are KeyboardInterrupts: they unwind the driver as Ctrl-C
+        assert isinstance(exc, errors.MlflowHvdError) or cls in (errors.Terminated,
+                                                                 errors.JobStopped), cls
         back = pickle.loads(pickle.dumps(exc))
         assert type(back) is type(exc) and str(back) == str(exc), cls
     assert isinstance(errors.ConfigurationError("x"), ValueError)
     assert isinstance(errors.StartTimeoutError("x"), TimeoutError)
     assert isinstance(errors.IncompatibleImportError("x"), ImportError)
     assert isinstance(errors.Terminated("x"), KeyboardInterrupt)
+    assert isinstance(errors.JobStopped("x"), KeyboardInterrupt)
 
 
 def test_retries_exhausted_lists_every_attempt() -> None:

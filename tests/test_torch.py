@@ -92,6 +92,8 @@ def test_a_torch_job_that_fails_resumes_from_its_last_checkpoint(store: str) -> 
     for key in ("loss", "val_loss"):
         assert [m.step for m in client.get_metric_history(run_id, key)] == [0, 1], key
     assert [m.step for m in client.get_metric_history(run_id, "mlflow_hvd.attempt")] == [0, 1]
+    assert [(m.step, m.value) for m in client.get_metric_history(
+        run_id, "mlflow_hvd.world_size")] == [(0, 2.0), (1, 2.0)]
     assert run.data.tags["mlflow.latest_checkpoint_artifact"] == (
         "checkpoints/epoch_1/checkpoint.pt")
 

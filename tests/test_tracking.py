@@ -337,15 +337,17 @@ def test_attempt_records_an_unreachable_server_missed_are_saved_for_replay(
     run_id = mlflow.MlflowClient().create_run("0").info.run_id
     gone = tracking_target("http://127.0.0.1:9", run_id)  # nothing listens on port 9
     root = str(tmp_path / "undelivered")
-    attempts.started(gone, 0, 2.0, root)
+    attempts.started(gone, 0, 4, 2.0, root)
     attempts.failed(gone, 0, RuntimeError("rank 1 was killed"), 2.0, root)
     bundle = undelivered.bundle_dir(root, run_id)
     assert f"Saved in {bundle}" in caplog.text
     counts = undelivered.replay(bundle, tracking_uri=store)  # the server is "back"
-    assert (counts["metric"], counts["artifact"]) == (1, 1)
+    assert (counts["metric"], counts["artifact"]) == (2, 1)
     client = mlflow.MlflowClient()
     (attempt,) = client.get_metric_history(run_id, attempts.ATTEMPT_METRIC)
     assert (attempt.step, attempt.value) == (0, 0.0)
+    (size,) = client.get_metric_history(run_id, attempts.WORLD_SIZE_METRIC)
+    assert (size.step, size.value) == (0, 4.0)
     text = Path(client.download_artifacts(run_id, attempts.error_file(0))).read_text()
     assert text == "RuntimeError: rank 1 was killed\n"
     assert not os.path.exists(bundle)
@@ -359,10 +361,11 @@ def test_attempt_records_a_store_refuses_are_warned_about_not_saved(
     no_such_run = tracking_target(store, "0" * 32)  # the store answers: no such run
     root = tmp_path / "undelivered"
     with caplog.at_level(logging.WARNING):
-        attempts.started(no_such_run, 1, 10.0, str(root))
+        attempts.started(no_such_run, 1, 2, 10.0, str(root))
     assert (
         "mlflow_hvd: the tracking store refused a write while recording the start of attempt 1 "
-        f"in run {'0' * 32} (not recorded: metric mlflow_hvd.attempt=1): "
+        f"in run {'0' * 32} (not recorded: metric mlflow_hvd.attempt=1, metric "
+        "mlflow_hvd.world_size=2): "
     ) in caplog.text
     assert not root.exists()  # sending it again would be refused again: nothing kept
 

@@ -111,7 +111,8 @@ class JobConfig:
             attempt runs in the same MLflow run, so training code that resumes from the
             run's latest checkpoint (:func:`mlflow_hvd.keras.restore_from_checkpoint`)
             continues where the failed attempt's last checkpoint left off. Every attempt is
-            logged (metric ``mlflow_hvd.attempt`` at step = attempt, and
+            logged (metrics ``mlflow_hvd.attempt`` and ``mlflow_hvd.world_size``, its number
+            of ranks, at step = attempt, and
             ``attempts/attempt_<k>_error.txt`` with each failure in full); when all fail,
             :class:`~mlflow_hvd.errors.RetriesExhaustedError` carries every cause.
             Workers can read their attempt with :func:`mlflow_hvd.attempt`.

@@ -1,9 +1,9 @@
 """Driver side: each attempt of a restarted job, visible in its MLflow run.
 
 ``HorovodRunner(job=JobConfig(max_failures=N))`` runs all attempts in one run. Each start logs
-metric
-``mlflow_hvd.attempt`` (value and step = the attempt, 0 first), each failure its error in
-full as ``attempts/attempt_<k>_error.txt``. Every call has a deadline and never replaces the
+metrics ``mlflow_hvd.attempt`` (value and step = the attempt, 0 first) and
+``mlflow_hvd.world_size`` (its number of ranks, step = the attempt), each failure its error
+in full as ``attempts/attempt_<k>_error.txt``. Every call has a deadline and never replaces the
 job's own outcome: what an unreachable server did not take is saved in the run's
 undelivered bundle (:mod:`.undelivered`, sent later with the replay command), what a store
 refused is warned about.
@@ -21,20 +21,25 @@ from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.messages import TrackingTarget
 
 ATTEMPT_METRIC = "mlflow_hvd.attempt"
+WORLD_SIZE_METRIC = "mlflow_hvd.world_size"
 
 
 def error_file(attempt: int) -> str:
     return f"attempts/attempt_{attempt}_error.txt"
 
 
-def started(target: TrackingTarget, attempt: int, timeout: float, root: str) -> None:
-    """Record that ``attempt`` starts."""
+def started(target: TrackingTarget, attempt: int, world_size: int, timeout: float,
+            root: str) -> None:
+    """Record that ``attempt`` starts on ``world_size`` ranks."""
+    from mlflow.entities import Metric
+
     now = int(time.time() * 1000)
+    values = {ATTEMPT_METRIC: float(attempt), WORLD_SIZE_METRIC: float(world_size)}
     _record(target, timeout, root, f"recording the start of attempt {attempt}",
-            f"metric {ATTEMPT_METRIC}={attempt}",
-            [rec.Metric(ATTEMPT_METRIC, float(attempt), now, attempt)], [],
-            lambda client: client.log_metric(target.run_id, ATTEMPT_METRIC, float(attempt),
-                                             now, attempt))
+            ", ".join(f"metric {k}={v:g}" for k, v in values.items()),
+            [rec.Metric(k, v, now, attempt) for k, v in values.items()], [],
+            lambda client: client.log_batch(
+                target.run_id, metrics=[Metric(k, v, now, attempt) for k, v in values.items()]))
 
 
 def failed(

@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -409,8 +410,13 @@ class ConnectServer:
                "SPARK_PID_DIR": str(log_dir), "SPARK_LOG_DIR": str(log_dir),
                "SPARK_IDENT_STRING": f"mlflow-hvd-tests-{os.getpid()}"}
         env.pop("PYSPARK_SUBMIT_ARGS", None)
+        # its scratch space (archives uploaded to it among others, gigabytes) under the
+        # test's directory, removed by stop(): a server killed before Spark's shutdown hook
+        # ran would leave it in /tmp
+        self.local_dir = log_dir / "spark-local"
+        self.local_dir.mkdir(exist_ok=True)
         settings = {"spark.port.maxRetries": "0", "spark.ui.showConsoleProgress": "false",
-                    **(conf or {})}
+                    "spark.local.dir": str(self.local_dir), **(conf or {})}
         for attempt in range(3):
             port, ui = free_port(), free_port()
             confs = {**settings, "spark.connect.grpc.binding.port": str(port),
@@ -450,4 +456,7 @@ class ConnectServer:
                               "?status=running") or [])
 
     def stop(self) -> None:
-        stop_group(self.proc, grace=10)
+        try:
+            stop_group(self.proc, grace=10)
+        finally:
+            shutil.rmtree(self.local_dir, ignore_errors=True)

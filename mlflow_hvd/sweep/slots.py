@@ -47,7 +47,8 @@ class Slots:
 
     def _done(self, tid: int, future: Future[dict[str, Any]],
               ended: Callable[[int, Outcome], None]) -> None:
-        outcome: Outcome = future.exception() or future.result()
+        # a done callback: the future has ended, neither call waits
+        outcome: Outcome = future.exception(timeout=0) or future.result(timeout=0)
         with self._lock:
             self._free.append(self._busy.pop(tid))
         ended(tid, outcome)

@@ -15,7 +15,6 @@ lint: setup
 	$(VENV)/bin/ruff check mlflow_hvd tests examples benchmarks scripts
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/bars.py
-	$(VENV)/bin/ruff format --check mlflow_hvd tests examples benchmarks
 
 typecheck: setup
 	$(VENV)/bin/mypy

@@ -110,6 +110,7 @@ class HorovodRunner:
         """``np`` under the attribute name of Databricks' HorovodRunner."""
         self._options = runner_options(driver_log_verbosity, job, cluster, tracking, horovod)
         self.driver_log_verbosity = self._options.settings.verbosity.value
+        _check_elastic(self.num_processor, self._options.job)
         self._spark = spark
         ship = self._options.cluster.ship_environment
         if spark is not None:
@@ -119,7 +120,7 @@ class HorovodRunner:
             else SparkPlacement(self.num_processor, spark, self._options.job,
                                 self._options.cluster))
         self._stop = threading.Event()  # stop(): the running (or next) job ends as on Ctrl-C
-        self._pool = RankPool(abs(self.num_processor), self._placement.backend, warm=False,
+        self._pool = RankPool(self._placement.backend, warm=False,
                               stop=self._stop)
         self.last_job_id: str | None = None
         """Id of the latest job; for ``np > 0`` also its Spark job group (Spark UI)."""
@@ -225,21 +226,25 @@ class HorovodRunner:
                   settings: DriverSettings, hooks: RunHooks, feed: Feed | None) -> Any:
         """Run the job; what follows a failure is :class:`RetryPolicy`'s decision: run it
         again (it never started), restart it as a new attempt in the same MLflow run (up to
-        ``max_failures`` times), or raise."""
+        ``max_failures`` times), or raise. An elastic job's attempt runs on as many ranks
+        as there are slots for (``min_np``)."""
         max_failures, timeout = self.job.max_failures, self.tracking.tracking_timeout
         policy = RetryPolicy(max_failures)
         failures: list[BaseException] = []
         record = target if max_failures > 0 else None  # attempts only when retrying
         attempt = reruns = 0
+        size = abs(self.num_processor)
         while True:
-            if reruns == 0:
-                log.info("attempt %d of %d of %s starts", attempt + 1, max_failures + 1,
-                         callable_name(main))
-                if record is not None:
-                    attempts.started(record, attempt, abs(self.num_processor), timeout,
-                                     self._undelivered_root())
             try:
-                job = self._job(main, code, target, attempt, settings, hooks, feed)
+                if reruns == 0:
+                    size = self._attempt_size(attempt)
+                    log.info("attempt %d of %d of %s starts%s", attempt + 1, max_failures + 1,
+                             callable_name(main),
+                             f" on {size} ranks" if self.job.min_np is not None else "")
+                    if record is not None:
+                        attempts.started(record, attempt, size, timeout,
+                                         self._undelivered_root())
+                job = self._job(main, code, target, attempt, size, settings, hooks, feed)
                 return cloudpickle.loads(self._pool.run(job, sys.stdout))
             except (WorkerFailedError, BackendError) as exc:
                 decision = policy.decide(exc, attempt, reruns)
@@ -262,8 +267,22 @@ class HorovodRunner:
                 )
                 attempt, reruns = attempt + 1, 0
 
+    def _attempt_size(self, attempt: int) -> int:
+        """How many ranks ``attempt`` runs on: ``|np|``, or for an elastic job as many as
+        there are slots for (at least ``min_np``), with the reason logged when fewer."""
+        np, least = abs(self.num_processor), self.job.min_np
+        if least is None:
+            return np
+        size = self._placement.elastic_size(least)
+        if size < np:
+            log.warning(
+                "mlflow_hvd: attempt %d runs on %d of np=%d ranks: Spark offers %d task slots "
+                "after waiting %gs for %d (min_np=%d)", attempt + 1, size, np, size,
+                self.job.slot_timeout, np, least)
+        return size
+
     def _job(self, main: Callable[..., Any], code: Code, target: TrackingTarget | None,
-             attempt: int, settings: DriverSettings, hooks: RunHooks,
+             attempt: int, size: int, settings: DriverSettings, hooks: RunHooks,
              feed: Feed | None) -> Job:
         """One attempt's job: its payload, settings, data and who answers rank 0."""
         job_id = self.last_job_id = new_job_id()
@@ -289,8 +308,9 @@ class HorovodRunner:
             judge = _verdicts(hooks.epoch_judge) if hooks.epoch_judge is not None else None
             writes = rank0_requests(Relay(target).answer, judge, target.run_id)
         description = f"HorovodRunner(np={self.num_processor}).run({callable_name(main)})" + (
-            f" attempt {attempt}" if attempt else "")
-        return Job(payload=dumps_payload(code, target, attempt), settings=settings,
+            f" attempt {attempt}" if attempt else "") + (
+            f" on {size} ranks" if size != abs(self.num_processor) else "")
+        return Job(np=size, payload=dumps_payload(code, target, attempt), settings=settings,
                    description=description, job_id=job_id, on_tracking_write=writes,
                    on_undelivered=self._save_undelivered, feed=feed, on_fed=on_fed)
 
@@ -308,13 +328,13 @@ class HorovodRunner:
         if self._pool.warm:
             raise ConfigurationError("this HorovodRunner's ranks are already kept warm "
                                      "(nested `with runner:`)")
-        self._pool = RankPool(abs(self.num_processor), self._placement.backend, warm=True,
+        self._pool = RankPool(self._placement.backend, warm=True,
                               stop=self._stop)
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         pool = self._pool
-        self._pool = RankPool(abs(self.num_processor), self._placement.backend, warm=False,
+        self._pool = RankPool(self._placement.backend, warm=False,
                               stop=self._stop)
         try:
             pool.close()
@@ -364,6 +384,21 @@ class HorovodRunner:
             InsufficientSlotsError: Spark did not offer ``np`` slots within ``slot_timeout``.
         """
         return TaskSlots(*self._placement.task_slots())
+
+
+def _check_elastic(np: int, job: JobConfig) -> None:
+    """``min_np`` fits ``np``: at most ``np``, and only for Spark jobs."""
+    if job.min_np is None:
+        return
+    if np < 0:
+        raise ConfigurationError(
+            f"JobConfig(min_np={job.min_np}) applies to Spark jobs (np > 0), whose hosts can "
+            f"be lost; np={np} runs {-np} processes on the driver, which restart on the same "
+            "machine (max_failures alone): drop min_np, or use np > 0")
+    if job.min_np > np:
+        raise ConfigurationError(
+            f"JobConfig(min_np={job.min_np}) is above np={np}: min_np is the fewest ranks an "
+            f"attempt may run on, np the most; give min_np between 1 and {np}")
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ def settings(**overrides: Any) -> DriverSettings:
     return dataclasses.replace(base, **overrides)
 
 
-def run_job(np: int, backend: Backend, job: Job, driver_host: str = "127.0.0.1",
+def run_job(backend: Backend, job: Job, driver_host: str = "127.0.0.1",
             out: TextIO | None = None) -> bytes:
-    """Run ``job`` on ``np`` new ranks of ``backend`` (a cold generation, as
+    """Run ``job`` on ``job.np`` new ranks of ``backend`` (a cold generation, as
     ``HorovodRunner.run`` outside a ``with`` block) and return rank 0's cloudpickled value;
     every server and rank is gone when it returns or raises."""
-    pool = RankPool(np, lambda _feed: (backend, driver_host), warm=False)
+    pool = RankPool(lambda _feed, _np: (backend, driver_host), warm=False)
     try:
         return pool.run(job, out or sys.stdout)
     finally:

@@ -82,6 +82,9 @@ def test_an_option_in_the_wrong_group_or_misspelled_is_refused_naming_where_it_g
     (lambda: JobConfig(max_failures=-1), "max_failures must be an integer >= 0, got -1"),
     (lambda: JobConfig(timeout=0), "timeout must be a positive number of seconds, got 0"),
     (lambda: JobConfig(max_line_bytes=10), "max_line_bytes must be an integer >= 80, got 10"),
+    (lambda: JobConfig(min_np=0, max_failures=1), "min_np must be an integer >= 1, got 0"),
+    (lambda: JobConfig(min_np=2), "min_np=2 needs max_failures >= 1: a job runs on fewer "
+     "ranks only when it restarts after a failure"),
     (lambda: ClusterConfig(spark_master=7), "spark_master must be a master URL such as "
      "'spark://host:7077' (or None), got int"),
     (lambda: ClusterConfig(gloo_iface=""), "gloo_iface must be a network interface name"),
@@ -99,6 +102,19 @@ def test_each_group_checks_its_values_when_made(make: Any, message: str) -> None
     with pytest.raises(ConfigurationError) as info:
         make()
     assert str(info.value).startswith(message), info.value
+
+
+def test_min_np_is_refused_above_np_and_for_processes_on_the_driver() -> None:
+    elastic = JobConfig(min_np=3, max_failures=1)
+    with pytest.raises(ConfigurationError) as info:
+        HorovodRunner(np=2, job=elastic)
+    assert str(info.value) == (
+        "JobConfig(min_np=3) is above np=2: min_np is the fewest ranks an attempt may run "
+        "on, np the most; give min_np between 1 and 2")
+    with pytest.raises(ConfigurationError, match=r"^JobConfig\(min_np=3\) applies to Spark "
+                       r"jobs \(np > 0\).*np=-4 runs 4 processes on the driver"):
+        HorovodRunner(np=-4, job=elastic)
+    assert HorovodRunner(np=3, job=elastic).job.min_np == 3
 
 
 def test_a_group_of_the_wrong_type_is_refused_naming_the_class() -> None:

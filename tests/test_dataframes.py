@@ -230,6 +230,40 @@ def test_a_retried_attempt_is_fed_again(spark: Any, store: str) -> None:
     assert len(set(ranks[0]["ids"]) | set(ranks[1]["ids"])) == 2 * ranks[0]["rows"]
 
 
+def test_an_elastic_job_runs_on_the_slots_there_are_and_splits_its_data_over_them(
+        spark: Any, store: str, caplog: pytest.LogCaptureFixture) -> None:
+    """np=3, min_np=2 on two slots: the attempt runs on 2 ranks (hvd.size() 2), the
+    DataFrame split into 2 equal shards, the world size in the run, the reason logged."""
+    import mlflow
+
+    caplog.set_level(logging.INFO, logger="mlflow_hvd")
+    runner = HorovodRunner(np=3, spark=spark,
+                           job=JobConfig(min_np=2, max_failures=1, slot_timeout=1))
+    ranks = runner.run(workers.shard_census, data=frame(spark, 301, 3), batch_size=10)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["rows"] == ranks[1]["rows"] == 150
+    assert len(set(ranks[0]["ids"]) | set(ranks[1]["ids"])) == 300
+    history = mlflow.MlflowClient().get_metric_history(runner.last_run_id,
+                                                       "mlflow_hvd.world_size")
+    assert [(m.step, m.value) for m in history] == [(0, 2.0)]
+    assert ("attempt 1 runs on 2 of np=3 ranks: Spark offers 2 task slots after waiting 1s "
+            "for 3 (min_np=2)") in caplog.text
+
+
+def test_an_elastic_job_with_fewer_slots_than_min_np_fails_naming_both(spark: Any) -> None:
+    from mlflow_hvd.errors import InsufficientSlotsError
+
+    runner = HorovodRunner(np=4, spark=spark, tracking=TrackingConfig(track=False),
+                           job=JobConfig(min_np=3, max_failures=1, slot_timeout=1))
+    with pytest.raises(InsufficientSlotsError) as info:
+        runner.run(workers.echo)
+    assert str(info.value) == (
+        "the job needs at least min_np=3 (at most np=4) concurrent barrier task slots, and "
+        "after waiting 1s for 4 the Spark cluster (master local-cluster[2,1,1024]) has "
+        "fewer: it offers 2. Add executors, lower JobConfig(min_np=...), or raise "
+        "JobConfig(slot_timeout=...) if executors are still coming back")
+
+
 def test_vectors_arrays_binary_text_and_booleans_reach_the_ranks(spark: Any) -> None:
     from pyspark.ml.linalg import Vectors, VectorUDT
     from pyspark.sql import types as T

@@ -96,7 +96,7 @@ def _run(script: Script, np: int = 2, **overrides: object) -> tuple[object, Fake
     backend = FakeBackend(script)
     out = io.StringIO()
     try:
-        payload = run_job(np, backend, Job(b"", settings(**overrides), "test"), out=out)
+        payload = run_job(backend, Job(np, b"", settings(**overrides), "test"), out=out)
     finally:
         if backend.error is not None:
             raise backend.error
@@ -163,7 +163,7 @@ def test_first_failure_is_root_cause_and_others_are_stopped() -> None:
 
     backend = FakeBackend(script)
     with pytest.raises(WorkerFailedError) as info:
-        run_job(3, backend, Job(b"", settings(), "test"), out=io.StringIO())
+        run_job(backend, Job(3, b"", settings(), "test"), out=io.StringIO())
     assert backend.error is None
     assert backend.stopped_by_driver
     exc = info.value
@@ -196,7 +196,7 @@ def test_rank_that_never_reports_after_failure_does_not_hang_the_driver() -> Non
 
     backend = FakeBackend(script)
     with pytest.raises(WorkerFailedError) as info:
-        run_job(2, backend, Job(b"", settings(stop_grace=0.5, report_grace=0.5), "test"),
+        run_job(backend, Job(2, b"", settings(stop_grace=0.5, report_grace=0.5), "test"),
                 out=io.StringIO())
     assert backend.stopped_by_driver
     assert info.value.stopped_ranks == (0,)  # the driver stopped the job it never heard of
@@ -407,7 +407,7 @@ def test_run_returns_only_when_every_admitted_task_is_gone_and_late_tasks_start_
 
     backend = Backend(script)
     with pytest.raises(WorkerFailedError) as info:
-        run_job(3, backend, Job(b"", settings(stop_grace=5, report_grace=5), "test"),
+        run_job(backend, Job(3, b"", settings(stop_grace=5, report_grace=5), "test"),
                 out=out)
     if backend.error is not None:
         raise backend.error

@@ -123,8 +123,8 @@ def test_ranks_that_never_start_hit_the_start_deadline(tmp_path: Path) -> None:
     )
     fake_python.chmod(0o755)
     with pytest.raises(StartTimeoutError) as info:
-        run_job(2, LocalBackend(python=str(fake_python)),
-                Job(b"", settings(start_timeout=3, stop_grace=1), "hang"))
+        run_job(LocalBackend(python=str(fake_python)),
+                Job(2, b"", settings(start_timeout=3, stop_grace=1), "hang"))
     assert str(info.value) == (
         "0 of 2 ranks started within 3s (missing ranks: 0, 1). Raise "
         "HorovodRunner(job=JobConfig(start_timeout=...)) if workers are slow to start, or check "

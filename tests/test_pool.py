@@ -164,7 +164,7 @@ def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation(
 
     caplog.set_level(logging.DEBUG, logger="mlflow_hvd")
     gen = Generation(2, _NoRanks(), "127.0.0.1", warm=True)
-    gen.launch(Job(b"first", settings()))
+    gen.launch(Job(2, b"first", settings()))
     answers: list[object] = []
     client = ChannelClient("127.0.0.1", gen.port, gen.secret, timeout=10)
     asks = threading.Thread(target=lambda: answers.append(client.request(AwaitJob(0), 30)))
@@ -175,7 +175,7 @@ def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation(
         with pytest.raises(BackendError, match=(
             "^pooled ranks 1 did not ask for the next job in time$"
         )):
-            gen.hand_out(Job(b"next", settings()), Deadline.after(0.3))
+            gen.hand_out(Job(2, b"next", settings()), Deadline.after(0.3))
     finally:
         gen.close(stop_now=False)
         asks.join(timeout=10)

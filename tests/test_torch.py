@@ -98,6 +98,27 @@ def test_a_torch_job_that_fails_resumes_from_its_last_checkpoint(store: str) -> 
         "checkpoints/epoch_1/checkpoint.pt")
 
 
+def test_code_written_for_horovod_elastic_is_refused_naming_the_way_that_works(
+        store: str) -> None:
+    """``@hvd.elastic.run`` cannot keep its in-memory state across a lost host under
+    barrier tasks: the job ends at once (not restarted, though max_failures allows it), with
+    min_np and the checkpoint functions named; the run FAILED."""
+    from mlflow_hvd.errors import ConfigurationError
+
+    runner = HorovodRunner(np=-2, job=JobConfig(max_failures=2))
+    with pytest.raises(ConfigurationError) as info:
+        runner.run(workers.horovod_elastic_loop)
+    message = str(info.value)
+    assert message.startswith("Horovod elastic (hvd.elastic.run, hvd.elastic.TorchState/"
+                              "KerasState, state.commit()) does not run under HorovodRunner")
+    assert "JobConfig(min_np=..., max_failures=...)" in message
+    assert "mlflow_hvd.keras.restore_from_checkpoint" in message
+    run = mlflow.MlflowClient().get_run(runner.last_run_id)
+    assert run.info.status == "FAILED"
+    attempts = mlflow.MlflowClient().get_metric_history(run.info.run_id, "mlflow_hvd.attempt")
+    assert [m.step for m in attempts] == [0]  # not restarted
+
+
 def test_two_local_ranks_train_as_one_and_log_checkpoints_and_a_model_another_process_loads(
     store: str, warm_ranks: Any, tmp_path: Path
 ) -> None:

@@ -1188,3 +1188,28 @@ def set_own_tracking_uri(uri: str) -> str:
 
     mlflow.set_tracking_uri(uri)
     return mlflow.get_tracking_uri()
+
+
+def horovod_elastic_loop(epochs: int = 2) -> int:
+    """Code written for Horovod elastic, as its docs write it: a TorchState and a training
+    function under ``@hvd.elastic.run`` that commits each epoch."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    model = torch.nn.Linear(2, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0)
+
+    @hvd.elastic.run
+    def train(state: Any) -> int:
+        while state.epoch < epochs:
+            optimizer.zero_grad()
+            model(torch.ones(4, 2)).sum().backward()
+            optimizer.step()
+            state.epoch += 1
+            state.commit()
+        return int(state.epoch)
+
+    return train(state)

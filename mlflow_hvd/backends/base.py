@@ -66,6 +66,12 @@ class Placement(Protocol):
     def task_slots(self) -> tuple[int, str]:
         """How many tasks can run at once, and where (for messages)."""
 
-    def backend(self, feed: FrameSource | None) -> tuple[Backend, str]:
-        """A backend for a new generation of ranks (fed ``feed``'s DataFrames, if any), and
-        the driver's address as its ranks reach it."""
+    def elastic_size(self, least: int) -> int:
+        """How many ranks an attempt of an elastic job (``JobConfig(min_np=least)``) runs
+        on: the runner's ``np`` once there are as many slots, else as many as there are
+        after a bounded wait, if at least ``least``; raises ``InsufficientSlotsError``
+        otherwise."""
+
+    def backend(self, feed: FrameSource | None, np: int) -> tuple[Backend, str]:
+        """A backend for a new generation of ``np`` ranks (fed ``feed``'s DataFrames, if
+        any, split into ``np`` shards), and the driver's address as its ranks reach it."""

@@ -103,6 +103,9 @@ class LocalPlacement:
     def task_slots(self) -> tuple[int, str]:
         return os.cpu_count() or 1, "the driver"
 
-    def backend(self, feed: FrameSource | None) -> tuple[Backend, str]:
-        frame = feed.fed_frame(self.np) if feed is not None else None
+    def elastic_size(self, least: int) -> int:
+        return self.np  # the driver's processes lose no host (the runner refuses min_np)
+
+    def backend(self, feed: FrameSource | None, np: int) -> tuple[Backend, str]:
+        frame = feed.fed_frame(np) if feed is not None else None
         return LocalBackend(frame=frame), "127.0.0.1"

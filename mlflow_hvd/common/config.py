@@ -116,6 +116,14 @@ class JobConfig:
             ``attempts/attempt_<k>_error.txt`` with each failure in full); when all fail,
             :class:`~mlflow_hvd.errors.RetriesExhaustedError` carries every cause.
             Workers can read their attempt with :func:`mlflow_hvd.attempt`.
+        min_np: Elastic jobs (``np > 0``): the fewest ranks an attempt may run on (None:
+            every attempt runs on ``np``). Each attempt waits up to ``slot_timeout`` for
+            ``np`` task slots, then starts on as many as Spark offers if that is at least
+            ``min_np`` (``hvd.size()`` is the new size; DataFrame arguments are split again
+            into equal shards over the new ranks), from the run's latest checkpoint; fewer
+            fail with ``InsufficientSlotsError`` naming both counts. Needs ``max_failures >=
+            1`` (a job shrinks when it restarts after losing a host).
+            docs/usage.md#elastic-jobs.
         max_line_bytes: Longer output lines of the ranks are cut with a ``...[line
             truncated: N more bytes]`` marker.
     """
@@ -126,6 +134,7 @@ class JobConfig:
     stop_grace: float = 5.0
     idle_timeout: float = 3600.0
     max_failures: int = 0
+    min_np: int | None = None
     max_line_bytes: int = 16384
 
     def __post_init__(self) -> None:
@@ -135,6 +144,13 @@ class JobConfig:
             _set(self, "timeout", check_seconds("timeout", self.timeout))
         check_positive_int("max_failures", self.max_failures, 0)
         check_positive_int("max_line_bytes", self.max_line_bytes, 80)
+        if self.min_np is not None:
+            check_positive_int("min_np", self.min_np, 1)
+            if self.max_failures < 1:
+                raise ConfigurationError(
+                    f"min_np={self.min_np} needs max_failures >= 1: a job runs on fewer "
+                    "ranks only when it restarts after a failure (a lost host), e.g. "
+                    f"JobConfig(min_np={self.min_np}, max_failures=3)")
 
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")  # what spark.archives unpacks

@@ -23,7 +23,7 @@ from mlflow_hvd.common.deadline import Deadline
 from mlflow_hvd.driver.channel_server import ChannelServer, ChannelStats
 from mlflow_hvd.driver.job import Job
 from mlflow_hvd.driver.limits import ensure_open_files
-from mlflow_hvd.driver.rendezvous import Rendezvous, RendezvousStats
+from mlflow_hvd.driver.rendezvous import ElasticRefused, Rendezvous, RendezvousStats
 from mlflow_hvd.driver.routing import (
     UndeliveredHandler,
     credentials_answer,
@@ -116,7 +116,8 @@ class Generation:
         self._idle: set[int] = set()  # ranks whose job ended since the last hand-out
         self._handed = 0  # jobs handed out after the first: a waiting rank's ticket
         ensure_open_files(np)
-        self.rendezvous = Rendezvous(np, driver_host)
+        self.rendezvous = Rendezvous(np, driver_host,
+                                     on_elastic=lambda: self.events.put(ElasticRefused()))
         route = message_router(self.events, self.rendezvous, self._undelivered, self.tasks,
                                self._fed)
         self._route = self._noting_idle_exits(route)

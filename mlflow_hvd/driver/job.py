@@ -29,6 +29,8 @@ class Job:
     what its ranks send (driver-only: never pickled).
 
     Attributes:
+        np: How many ranks run it (an elastic job's attempt may run on fewer than the
+            runner's ``np``).
         payload: A pickled :class:`~mlflow_hvd.protocol.messages.Payload`.
         settings: The job's deadlines and output settings; the first job of a generation
             also fixes what its ranks are started with (``JobSpec``).
@@ -43,6 +45,7 @@ class Job:
             job's run), once the generation's tasks agreed.
     """
 
+    np: int
     payload: bytes = field(repr=False)
     settings: DriverSettings
     description: str = ""

@@ -29,9 +29,9 @@ from mlflow_hvd.errors import BackendError, JobNotStartedError, JobStopped, Work
 
 log = logging.getLogger(__name__)
 
-MakeBackend = Callable[[Feed | None], tuple[Backend, str]]
-"""Returns a new backend that feeds its ranks the given DataFrames (if any), and the
-address workers reach the driver at."""
+MakeBackend = Callable[[Feed | None, int], tuple[Backend, str]]
+"""Returns a new backend for the given number of ranks that feeds them the given
+DataFrames (if any), and the address workers reach the driver at."""
 
 
 def died_before_starting(record: JobRecord) -> bool:
@@ -42,10 +42,9 @@ def died_before_starting(record: JobRecord) -> bool:
 
 
 class RankPool:
-    """Runs jobs of ``np`` ranks (see the module docstring).
+    """Runs jobs, each on as many ranks as it says (``Job.np``; see the module docstring).
 
     Args:
-        np: Number of ranks.
         make_backend: Called for each new generation.
         warm: Keep each generation's ranks for the next job (``with HorovodRunner``);
             False: a generation serves one job and is closed after it.
@@ -53,9 +52,9 @@ class RankPool:
             raising :class:`~mlflow_hvd.errors.JobStopped` (``HorovodRunner.stop``).
     """
 
-    def __init__(self, np: int, make_backend: MakeBackend, warm: bool,
+    def __init__(self, make_backend: MakeBackend, warm: bool,
                  stop: threading.Event | None = None) -> None:
-        self.np, self.warm = np, warm
+        self.warm = warm
         self._make_backend = make_backend
         self.stop = stop or threading.Event()
         self._live: Generation | None = None
@@ -83,7 +82,7 @@ class RankPool:
                 self._start_generation(job)
             live = self._live
             assert live is not None  # started or handed
-            record = JobRecord(self.np, job.job_id, tasks=live.tasks)
+            record = JobRecord(job.np, job.job_id, tasks=live.tasks)
             try:
                 value = supervise(record, live.events, live.backend, job.settings, out,
                                   self.stop)
@@ -114,6 +113,11 @@ class RankPool:
                      job.job_id, live.number)
             self._close_live(stop_now=False)
             return False
+        if live.np != job.np:
+            log.info("job %s runs on %d ranks, generation %d has %d; starting new ranks",
+                     job.job_id, job.np, live.number, live.np)
+            self._close_live(stop_now=False)
+            return False
         try:
             live.hand_out(job, Deadline.after(job.settings.start_timeout))
             return True
@@ -124,9 +128,9 @@ class RankPool:
             return False
 
     def _start_generation(self, job: Job) -> None:
-        backend, driver_host = self._make_backend(job.feed)
+        backend, driver_host = self._make_backend(job.feed, job.np)
         self.generations += 1
-        self._live = Generation(self.np, backend, driver_host, self.warm, self.generations)
+        self._live = Generation(job.np, backend, driver_host, self.warm, self.generations)
         self._live.launch(job)
 
     def _close_live(self, stop_now: bool) -> None:

@@ -7,7 +7,12 @@ horovod's own server class and request handler (the key-value protocol its Gloo
   that the kernel then retries with backoff; horovod's store gives up after 3 tries);
 * a pool of threads serves the requests (socketserver starts a thread per request: half the
   driver's CPU went to creating and reaping them, 64 ranks sending 25,800 requests);
-* requests for keys that are not there yet are held (below).
+* requests for keys that are not there yet are held (below);
+* Horovod elastic's workers are refused (:data:`ELASTIC_REFUSED`): ``hvd.elastic.run``
+  publishes each worker's notification address in the scope ``worker_addresses`` as it
+  starts, which only an elastic driver reads. In-memory elastic state cannot outlive a lost
+  host here (a Spark barrier stage ends every task when one fails), so the job is ended at
+  once with the way that works: ``JobConfig(min_np=...)`` and checkpoints in the run.
 
 At ``hvd.init()`` every rank sends horovod's ``RendezvousServer`` about ``2.5 x size``
 requests per scope, each on a new connection: it publishes its addresses, then asks for
@@ -33,6 +38,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +46,7 @@ from typing import Any
 from mlflow_hvd.common.horovod_launcher import RendezvousHandler, RendezvousHTTPServer
 from mlflow_hvd.common.layout import to_slot_infos
 from mlflow_hvd.driver.channel_server import LISTEN_BACKLOG
+from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.messages import LayoutReport, RankSlot
 
 log = logging.getLogger(__name__)
@@ -48,6 +55,15 @@ log = logging.getLogger(__name__)
 # server allows for reading a request, far below Gloo's 30 s rendezvous timeout; the client
 # (horovod's HTTPStore) simply sees a later answer.
 HOLD_SECONDS = 1.0
+ELASTIC_SCOPE = "worker_addresses"  # horovod.runner.elastic.rendezvous.PUT_WORKER_ADDRESSES
+ELASTIC_REFUSED = (
+    "Horovod elastic (hvd.elastic.run, hvd.elastic.TorchState/KerasState, state.commit()) "
+    "does not run under HorovodRunner: a Spark barrier stage ends every task when one fails, "
+    "so in-memory state cannot survive a lost host. Keep the training loop plain and use "
+    "HorovodRunner(job=JobConfig(min_np=..., max_failures=...)) with checkpoints in the "
+    "job's run (mlflow_hvd.keras.restore_from_checkpoint; for torch "
+    "mlflow_hvd.tracking.checkpoints.save/latest): a job that loses a host goes on with fewer "
+    "ranks from its latest checkpoint (docs/usage.md#elastic-jobs)")
 
 
 @dataclass(frozen=True)
@@ -90,9 +106,24 @@ class _Keys:
                                    self.last - self.first, self.refused)
 
 
-def _handler_for(keys: _Keys) -> type[RendezvousHandler]:
+def _handler_for(keys: _Keys, on_elastic: Callable[[], None]) -> type[RendezvousHandler]:
     class Handler(RendezvousHandler):
-        """horovod's handler, counting, with GETs of missing keys held (see module doc)."""
+        """horovod's handler, counting, with GETs of missing keys held and Horovod elastic
+        refused (see module doc)."""
+
+        def do_PUT(self) -> None:
+            parts = self.path.split("/")
+            if len(parts) != 3 or parts[1] != ELASTIC_SCOPE:
+                super().do_PUT()
+                return
+            keys.arrived()
+            on_elastic()  # the job ends before the rank raises
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            # the reason phrase is what the rank's error shows (urllib's HTTPError)
+            self.send_response(409, ELASTIC_REFUSED)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            keys.answered()
 
         def _get_value(self, scope: str, key: str) -> Any:
             keys.arrived()
@@ -228,6 +259,14 @@ class _Server(RendezvousHTTPServer):
 
 
 @dataclass(frozen=True)
+class ElasticRefused:
+    """A rank of the job started Horovod elastic (:data:`ELASTIC_REFUSED`)."""
+
+    def error(self) -> ConfigurationError:
+        return ConfigurationError(ELASTIC_REFUSED)
+
+
+@dataclass(frozen=True)
 class LayoutMismatch:
     """Two Spark tasks computed different rank layouts: ranks would never find each other."""
 
@@ -246,13 +285,15 @@ class Rendezvous:
             the server has a thread for each, and some for the requests that answer them.
         bind_host: The address it listens on: the channel's (loopback for local ranks).
             When it is not an address of this machine (behind NAT), every interface.
+        on_elastic: Called when a rank starts Horovod elastic, before it is refused.
     """
 
-    def __init__(self, size: int, bind_host: str = "127.0.0.1") -> None:
+    def __init__(self, size: int, bind_host: str = "127.0.0.1",
+                 on_elastic: Callable[[], None] = lambda: None) -> None:
         self._keys = _Keys()
         # a local job's ranks are here; a Spark job's hosts are known from its layout
         admitted = LOOPBACK if _is_loopback(bind_host) else frozenset()
-        handler = _handler_for(self._keys)
+        handler = _handler_for(self._keys, on_elastic)
         try:
             self._server = _Server(handler, size + 16, bind_host, self._keys, admitted)
         except OSError:

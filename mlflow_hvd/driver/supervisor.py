@@ -20,7 +20,7 @@ from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.common.config import ClusterConfig, JobConfig
-from mlflow_hvd.driver.rendezvous import LayoutMismatch
+from mlflow_hvd.driver.rendezvous import ElasticRefused, LayoutMismatch
 from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import (
     BackendError,
@@ -452,6 +452,8 @@ def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextI
             log.info("job %s: task %d wrote its %d rows (%.1f MiB in Arrow) in %.1fs",
                      job.job_id, message.partition, message.rows, message.bytes / 2**20,
                      job.fed_at - job.t0)
+    elif isinstance(message, ElasticRefused) and job.setup_error is None:
+        job.setup_error = message.error()
     elif isinstance(message, FeedFailed) and job.setup_error is None:
         kind = FeedError if message.error_type == FeedError.__name__ else DataInputError
         job.setup_error = kind(message.error)

@@ -10,7 +10,7 @@ from mlflow_hvd.backends.base import Backend, FrameSource
 from mlflow_hvd.backends.spark.api import session_api
 from mlflow_hvd.backends.spark.backend import SparkBackend, session_facts
 from mlflow_hvd.backends.spark.boot import SessionBoot
-from mlflow_hvd.backends.spark.session import session_slots
+from mlflow_hvd.backends.spark.session import elastic_slots, session_slots
 from mlflow_hvd.common.config import ClusterConfig, JobConfig
 from mlflow_hvd.common.network import resolve_host
 
@@ -46,11 +46,15 @@ class SparkPlacement:
         count, master = session_slots(self.session(), self.np, self.job.slot_timeout)
         return count, f"the Spark cluster (master {master})"
 
-    def backend(self, feed: FrameSource | None) -> tuple[Backend, str]:
+    def elastic_size(self, least: int) -> int:
+        return elastic_slots(session_api(self.session()), self.np, least,
+                             self.job.slot_timeout)
+
+    def backend(self, feed: FrameSource | None, np: int) -> tuple[Backend, str]:
         spark = self.session()
         frame = None
         if feed is not None:
             feed.check_session(spark)
-            frame = feed.fed_frame(self.np)
+            frame = feed.fed_frame(np)
         backend = SparkBackend(spark, self.job, self.cluster, frame)
         return backend, resolve_host(session_api(spark).driver_host())

@@ -166,7 +166,74 @@ def wait_for_slots(api: SessionApi, np: int, timeout: float) -> int:
         time.sleep(0.25)
 
 
+def elastic_slots(api: SessionApi, np: int, least: int, timeout: float) -> int:
+    """How many ranks an elastic attempt (``JobConfig(min_np=least)``) runs on: ``np`` once
+    ``np`` slots are there (waiting up to ``timeout`` seconds for them), else as many as
+    there are if at least ``least``. Counted afresh (a host may have been lost since the
+    last count): registered slots on a classic session; on a Spark Connect one, probes
+    (:func:`probe_slots`): ``np`` for the whole wait, then ``least``, ``least + 1``, ...
+    for :data:`SHORT_PROBE` seconds each until one does not run.
+
+    Raises:
+        InsufficientSlotsError: Fewer than ``least`` slots after the wait, naming the
+            count there was and the one needed.
+    """
+    forget_probes(api)
+    master, conf = api.master(), api.conf()
+    ceiling = expected_slots(master, conf)
+    if api.task_slots() is None:  # Spark Connect: only probes tell
+        if _probe_runs(api, np, timeout):
+            return np
+        found = 0
+        for count in range(least, np):
+            if not _probe_runs(api, count, min(SHORT_PROBE, timeout)):
+                break
+            found = count
+        if found >= least:
+            return found
+        raise InsufficientSlotsError(_elastic_message(api, np, least, found, timeout, True))
+    deadline = time.monotonic() + timeout
+    enough = np if ceiling is None else min(np, ceiling)
+    while True:
+        slots = api.task_slots() or 0
+        if slots >= enough or time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    if slots >= least:
+        return min(slots, np)
+    raise InsufficientSlotsError(_elastic_message(api, np, least, slots, timeout, False))
+
+
+SHORT_PROBE = 10.0  # seconds a Connect probe of fewer than np tasks gets (a probe that can
+# run does in about a second; one that cannot waits for slots until its deadline)
+
+
+def _probe_runs(api: SessionApi, count: int, timeout: float) -> bool:
+    try:
+        probe_slots(api, count, timeout)
+    except InsufficientSlotsError:
+        return False
+    return True
+
+
+def _elastic_message(api: SessionApi, np: int, least: int, found: int, timeout: float,
+                     probed: bool) -> str:
+    how = (f"barrier stages of {least}+ no-op tasks ran for at most {found}" if probed
+           else f"it offers {found}")
+    return (f"the job needs at least min_np={least} (at most np={np}) concurrent barrier task "
+            f"slots, and after waiting {timeout:g}s for {np} the Spark cluster (master "
+            f"{api.master()}) has fewer: {how}. Add executors, lower JobConfig(min_np=...), or "
+            "raise JobConfig(slot_timeout=...) if executors are still coming back")
+
+
 _probed: dict[tuple[str, int], int] = {}  # (application id, np) -> slots a probe confirmed
+
+
+def forget_probes(api: SessionApi) -> None:
+    """Forget what probes confirmed for ``api``'s application (a host may be gone)."""
+    application = api.application_id()
+    for key in [k for k in _probed if k[0] == application]:
+        del _probed[key]
 
 
 def probe_slots(api: SessionApi, np: int, timeout: float) -> int:

@@ -30,7 +30,7 @@ from mlflow_hvd.driver.payload import check_call, dumps_code, dumps_payload
 from mlflow_hvd.driver.pool import RankPool
 from mlflow_hvd.driver.retry import Decision, RetryPolicy
 from mlflow_hvd.driver.signals import sigterm_interrupts
-from mlflow_hvd.driver.supervisor import DriverSettings
+from mlflow_hvd.driver.supervisor import DriverSettings, RestartPlanned
 from mlflow_hvd.driver.tracking import attempts
 from mlflow_hvd.errors import (
     BackendError,
@@ -238,16 +238,19 @@ class HorovodRunner:
             try:
                 if reruns == 0:
                     size = self._attempt_size(attempt)
-                    log.info("attempt %d of %d of %s starts%s", attempt + 1, max_failures + 1,
-                             callable_name(main),
-                             f" on {size} ranks" if self.job.min_np is not None else "")
+                    log.info("attempt %d of %s starts%s%s", attempt + 1, callable_name(main),
+                             f" on {size} ranks" if self.job.min_np is not None else "",
+                             f" ({len(failures)} of max_failures={max_failures} failed)"
+                             if max_failures else "")
                     if record is not None:
                         attempts.started(record, attempt, size, timeout,
                                          self._undelivered_root())
                 job = self._job(main, code, target, attempt, size, settings, hooks, feed)
                 return cloudpickle.loads(self._pool.run(job, sys.stdout))
+            except RestartPlanned:
+                attempt, reruns = attempt + 1, 0  # grown back: the next attempt, on np ranks
             except (WorkerFailedError, BackendError) as exc:
-                decision = policy.decide(exc, attempt, reruns)
+                decision = policy.decide(exc, len(failures), reruns)
                 if decision is Decision.RERUN:
                     reruns += 1
                     log.info("attempt %d never ran (%s); running it on new ranks",
@@ -261,9 +264,9 @@ class HorovodRunner:
                         raise
                     raise RetriesExhaustedError(failures) from exc
                 log.warning(
-                    "mlflow_hvd: attempt %d of %d failed (%s); restarting the job%s",
-                    attempt + 1, max_failures + 1, str(exc).splitlines()[0],
-                    " from its latest checkpoint" if target is not None else "",
+                    "mlflow_hvd: attempt %d failed (%s; %d of max_failures=%d); restarting "
+                    "the job%s", attempt + 1, str(exc).splitlines()[0], len(failures),
+                    max_failures, " from its latest checkpoint" if target is not None else "",
                 )
                 attempt, reruns = attempt + 1, 0
 
@@ -307,12 +310,20 @@ class HorovodRunner:
                 prune_metric=hooks.epoch_judge.metric if hooks.epoch_judge else "")
             judge = _verdicts(hooks.epoch_judge) if hooks.epoch_judge is not None else None
             writes = rank0_requests(Relay(target).answer, judge, target.run_id)
+        restart = None
+        if target is not None and writes is not None and size < abs(self.num_processor):
+            from mlflow_hvd.driver.elastic import GrowBack
+
+            grow = GrowBack(abs(self.num_processor), size, self.job.grow_interval,
+                            lambda: self._placement.slots_back(size), target.run_id)
+            writes, restart = grow.answering(writes), grow.restart
         description = f"HorovodRunner(np={self.num_processor}).run({callable_name(main)})" + (
-            f" attempt {attempt}" if attempt else "") + (
+            f" attempt {attempt + 1}" if attempt else "") + (
             f" on {size} ranks" if size != abs(self.num_processor) else "")
         return Job(np=size, payload=dumps_payload(code, target, attempt), settings=settings,
                    description=description, job_id=job_id, on_tracking_write=writes,
-                   on_undelivered=self._save_undelivered, feed=feed, on_fed=on_fed)
+                   on_undelivered=self._undelivered_handler(restart), feed=feed,
+                   on_fed=on_fed, restart=restart)
 
     def __enter__(self) -> HorovodRunner:
         """Keep the ranks warm between ``run`` calls until the ``with`` block ends.
@@ -343,6 +354,22 @@ class HorovodRunner:
                 raise
             # the block's own error is what the caller must see
             log.warning("mlflow_hvd: releasing the warm ranks failed", exc_info=True)
+
+    def _undelivered_handler(
+            self, restart: threading.Event | None) -> Callable[[UndeliveredTracking], None]:
+        """Keeps what rank 0 could not deliver; after a planned restart (growing back) what
+        it had left came after the checkpoint the next attempt resumes from: dropped."""
+        if restart is None:
+            return self._save_undelivered
+
+        def handle(message: UndeliveredTracking) -> None:
+            if restart.is_set():
+                log.info("dropped %d record(s) rank 0 had not delivered when its attempt "
+                         "ended for a restart on more ranks", len(message.records))
+                return
+            self._save_undelivered(message)
+
+        return handle
 
     def _save_undelivered(self, message: UndeliveredTracking) -> None:
         """Keep what rank 0 could not deliver, and say how much and where."""

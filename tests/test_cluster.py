@@ -262,7 +262,8 @@ class Driver(Program):
     """A driver subprocess whose output is read as it comes (to act mid-job), with deadlines;
     use it in a ``with`` block so that it and its ranks end on every exit path."""
 
-    def __init__(self, cluster: Cluster, body: str, cwd: Path, **env: str) -> None:
+    def __init__(self, cluster: Cluster, body: str, cwd: Path, log: Path | None = None,
+                 **env: str) -> None:
         script = "\n".join([
             "import json, sys",
             f"sys.path.insert(0, {str(TESTS)!r})",
@@ -275,8 +276,21 @@ class Driver(Program):
             "    print('RESULT ' + json.dumps({'error': type(exc).__name__, 'message': str(exc),",
             "                                 'run_id': runner.last_run_id}), flush=True)",
         ])
-        super().__init__([sys.executable, "-c", script], cwd=cwd,
-                         env=cluster.driver_env(**env), stderr=subprocess.DEVNULL)
+        # the driver's own log (its lifecycle lines) in ``log``, if given
+        self.log = log
+        stderr = log.open("w") if log is not None else subprocess.DEVNULL
+        try:
+            super().__init__([sys.executable, "-c", script], cwd=cwd,
+                             env=cluster.driver_env(**env), stderr=stderr)
+        finally:
+            if log is not None:
+                stderr.close()
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the driver's log (for a failing assertion's message)."""
+        if self.log is None or not self.log.exists():
+            return "(no driver log)"
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def result(self, timeout: float) -> Any:
         code = self.finish(timeout)
@@ -355,6 +369,81 @@ def test_a_rank_killed_on_node_b_and_the_run_resumed(cluster: Cluster, client: A
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow_hvd.resumed_from"].startswith(f"{run_id}@epoch_")
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1, 2, 3]
+
+
+def test_an_elastic_job_loses_a_host_goes_on_with_fewer_ranks_and_grows_back(
+        cluster: Cluster, client: Any, tmp_path: Path) -> None:
+    """np=4, min_np=2, a PyTorch job on a DataFrame, paced epoch by epoch through a gate
+    file. node-b dies for good after epoch 1: the job goes on on node-a's 2 ranks from
+    epoch 1's checkpoint (its data split in halves, its learning rate halved); node-b comes
+    back: the job grows back to 4 ranks at the next checkpoint. Every epoch is logged once,
+    each with the size it ran on; the run FINISHED with rank 0's value of the last attempt."""
+    from cluster import STATE
+
+    gate = STATE / "elastic-gate"
+    gate.write_text("1")
+    epochs = 8
+    body = f"""
+        from pyspark.sql import SparkSession, functions as F
+        spark = SparkSession.builder.getOrCreate()
+        data = spark.range(0, 2_000, 1, 4).select(
+            F.array(*[F.rand(seed=i).cast("float") for i in range(4)]).alias("x"),
+            (F.col("id") % 2).cast("int").alias("label"))
+        runner = HorovodRunner(np=4, job=JobConfig(min_np=2, max_failures=2, slot_timeout=10,
+                                                   grow_interval=1, stop_grace=2))
+        value = runner.run(workers.gated_elastic_torch, data=data, epochs={epochs},
+                           gate={str(gate)!r})
+        print('RESULT ' + json.dumps({{'value': value, 'run_id': runner.last_run_id}}),
+              flush=True)
+    """
+
+    def history(run_id: str, key: str) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+    with Driver(cluster, body, tmp_path, log=tmp_path / "driver.log",
+                MLFLOW_HVD_LOG_LEVEL="INFO") as driver:
+        driver.wait_for_line("epoch 1 done on 4 ranks", 300)
+        run_id = wait_until(lambda: [r.info.run_id for r in client.search_runs(
+            ["0"], "tags.`mlflow_hvd.np` = '4'", order_by=["start_time DESC"],
+            max_results=1)], 30, "the job's run")[0]
+        wait_until(lambda: len(history(run_id, "loss")) == 2, 60, "epoch 1's checkpoint")
+        cluster.kill_node("node-b")
+        wait_until(lambda: len(history(run_id, "mlflow_hvd.world_size")) >= 2
+                   and history(run_id, "mlflow_hvd.world_size")[-1][1] == 2, 240,
+                   "an attempt on node-a's 2 ranks")
+        gate.write_text("2")
+        driver.wait_for_line("epoch 2 done on 2 ranks", 240)
+        before = set(executor_logs("node-b"))
+        cluster.restart_node("node-b")
+        # the new executor on node-b registered with the driver: Spark counts its slots
+        wait_until(lambda: any("Successfully registered with driver" in p.read_text(
+            errors="replace") for p in set(executor_logs("node-b")) - before), 120,
+            f"a new executor on node-b registered with the driver\n{driver.log_tail()}")
+        gate.write_text(str(epochs))
+        out = driver.result(timeout=300)
+    assert out["value"] == {"size": 4, "rows": [500] * 4}, (out, driver.log_tail())
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert [s for s, _ in history(run_id, "loss")] == list(range(epochs))  # each once
+    world = [int(v) for _, v in history(run_id, "world")]
+    shrunk = world.index(2)
+    grown = shrunk + world[shrunk:].index(4)
+    assert world == [4] * shrunk + [2] * (grown - shrunk) + [4] * (epochs - grown), world
+    assert shrunk == 2 and grown == 4, world  # grown at epoch 3's checkpoint
+    rows = {4: 500.0, 2: 1000.0}
+    assert [v for _, v in history(run_id, "rows")] == [rows[w] for w in world]
+    lrs = [v for _, v in history(run_id, "lr")]
+    assert lrs == [pytest.approx(0.01 * w) for w in world]  # rescaled on each resume
+    sizes = [int(v) for _, v in history(run_id, "mlflow_hvd.world_size")]
+    assert sizes[0] == 4 and sizes[-1] == 4 and sizes[-2] == 2, sizes
+    assert not [a for a in applications(cluster.master_ui) if a.get("state") == "RUNNING"]
+    _no_rank_left(cluster)
+
+
+def executor_logs(node: str) -> list[Path]:
+    """The stderr files of every executor a node's worker started (its work dir)."""
+    from cluster import STATE
+
+    return sorted((STATE / node / "work").glob("app-*/*/stderr"))
 
 
 def _holding_the_password(cluster: Cluster, password: str) -> dict[int, str]:

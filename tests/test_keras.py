@@ -233,3 +233,16 @@ def test_autolog_and_log_model_on_every_rank_log_each_model_once_into_the_jobs_r
     seen = warm_ranks.run(workers.frameworks_log_models, epochs=2, torch=False)
     _check_models_of_every_framework(warm_ranks.last_run_id, seen, ("keras",))
     assert len(mlflow.search_runs(search_all_experiments=True, output_format="list")) == 1
+
+
+def test_a_checkpoint_resumed_on_another_number_of_ranks_rescales_the_learning_rate(
+        store: str, warm_ranks: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an elastic job's resize does to a Keras job: 2 ranks write the checkpoints
+    (scaled rate 0.02), 1 rank resumes them: the rate the optimizer's state brings back is
+    rescaled to 0.01, as scale_learning_rate gives 1 rank."""
+    first = warm_ranks.run(workers.keras_lr_resumed, epochs=2)
+    assert first == {"initial": 0, "lr": pytest.approx(0.02), "size": 2}
+    monkeypatch.setenv("MLFLOW_RUN_ID", str(warm_ranks.last_run_id))  # resume that run
+    resumed = HorovodRunner(np=-1).run(workers.keras_lr_resumed, epochs=3)
+    assert resumed == {"initial": 2, "lr": pytest.approx(0.01), "size": 1}
+

@@ -10,18 +10,20 @@ def _failure(rank: int, code: int | None) -> RankFailure:
 
 
 def test_the_retry_policy_reruns_a_job_that_never_ran_once_and_restarts_up_to_the_limit() -> None:
+    """``failed``: the attempts that failed before (an elastic job's planned restarts are
+    none)."""
     from mlflow_hvd.driver.retry import Decision, RetryPolicy
     from mlflow_hvd.errors import BackendError, ConfigurationError, JobNotStartedError
 
-    failed = WorkerFailedError(_failure(1, 1))
+    crashed = WorkerFailedError(_failure(1, 1))
     never_ran = JobNotStartedError("ranks died before starting it")
     policy = RetryPolicy(max_failures=1)
-    assert policy.decide(never_ran, attempt=0, reruns=0) is Decision.RERUN
-    assert policy.decide(never_ran, attempt=0, reruns=1) is Decision.RESTART  # rerun used
-    assert policy.decide(never_ran, attempt=1, reruns=1) is Decision.GIVE_UP
-    assert policy.decide(failed, attempt=0, reruns=0) is Decision.RESTART
-    assert policy.decide(BackendError("stage failed"), attempt=0, reruns=0) is Decision.RESTART
-    assert policy.decide(failed, attempt=1, reruns=0) is Decision.GIVE_UP
-    assert policy.decide(ConfigurationError("bad"), attempt=0, reruns=0) is Decision.GIVE_UP
-    assert RetryPolicy(max_failures=0).decide(failed, attempt=0, reruns=0) is Decision.GIVE_UP
-    assert RetryPolicy(max_failures=0).decide(never_ran, attempt=0, reruns=0) is Decision.RERUN
+    assert policy.decide(never_ran, failed=0, reruns=0) is Decision.RERUN
+    assert policy.decide(never_ran, failed=0, reruns=1) is Decision.RESTART  # rerun used
+    assert policy.decide(never_ran, failed=1, reruns=1) is Decision.GIVE_UP
+    assert policy.decide(crashed, failed=0, reruns=0) is Decision.RESTART
+    assert policy.decide(BackendError("stage failed"), failed=0, reruns=0) is Decision.RESTART
+    assert policy.decide(crashed, failed=1, reruns=0) is Decision.GIVE_UP
+    assert policy.decide(ConfigurationError("bad"), failed=0, reruns=0) is Decision.GIVE_UP
+    assert RetryPolicy(max_failures=0).decide(crashed, failed=0, reruns=0) is Decision.GIVE_UP
+    assert RetryPolicy(max_failures=0).decide(never_ran, failed=0, reruns=0) is Decision.RERUN

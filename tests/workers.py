@@ -1213,3 +1213,81 @@ def horovod_elastic_loop(epochs: int = 2) -> int:
         return int(state.epoch)
 
     return train(state)
+
+
+def _wait_for_gate(gate: str, epoch: int, deadline_s: float = 300.0) -> None:
+    """Rank 0 waits until the test's gate file allows ``epoch`` (holds a number >= it)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            allowed = int(Path(gate).read_text().strip() or -1)
+        except (OSError, ValueError):
+            allowed = -1
+        if allowed >= epoch:
+            return
+        if time.monotonic() > end:
+            raise TimeoutError(f"the gate {gate} did not allow epoch {epoch} in {deadline_s}s")
+        time.sleep(0.2)
+
+
+def gated_elastic_torch(data: Any, epochs: int, gate: str) -> dict[str, Any]:
+    """The eight steps in PyTorch on a DataFrame shard, one epoch at a time as the test's
+    gate file allows (rank 0 reads it; the others wait in a collective). Each epoch's
+    checkpoint commits with its metrics what the attempt ran on: ``world`` (hvd.size()),
+    ``lr`` (the optimizer's, after any resume) and ``rows`` (this rank's shard)."""
+    import horovod.torch as hvd
+    import torch
+
+    import mlflow_hvd
+    from mlflow_hvd import torch as hvd_torch
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=hvd_torch.scale_learning_rate(0.01)),
+        named_parameters=model.named_parameters())
+    start = hvd_torch.restore_from_checkpoint(model, optimizer)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    step = 0
+    for epoch in range(start, epochs):
+        if hvd.rank() == 0:
+            _wait_for_gate(gate, epoch)
+        hvd.allreduce(torch.zeros(1), name=f"gate_{epoch}")
+        total = 0.0
+        for features, labels in data.torch_loader(16, label="label", features=["x"],
+                                                  seed=epoch):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(features).squeeze(1), labels.float())
+            loss.backward()
+            optimizer.step()
+            total, step = total + float(loss), step + 1
+        hvd_torch.save_checkpoint(model, optimizer, epoch, step, {
+            "loss": total, "world": float(hvd.size()), "rows": float(data.rows),
+            "lr": float(optimizer.param_groups[0]["lr"])})
+        if hvd.rank() == 0:
+            mlflow_hvd.log_to_driver(f"epoch {epoch} done on {hvd.size()} ranks")
+    return {"size": hvd.size(), "rows": hvd.allgather_object(data.rows)}
+
+
+def keras_lr_resumed(epochs: int) -> dict[str, Any]:
+    """Keras fit with checkpoints in the run, resuming from its latest: the epoch it starts
+    at and the learning rate it starts with (after any rescale), on rank 0."""
+    import horovod.tensorflow as hvd
+    import keras
+    import numpy as np
+
+    from mlflow_hvd import keras as hvd_keras
+
+    hvd.init()
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(
+        keras.optimizers.SGD(hvd_keras.scale_learning_rate(0.01))), loss="mse",
+        jit_compile=False)
+    initial = hvd_keras.restore_from_checkpoint(model)
+    lr = float(model.optimizer.learning_rate.numpy())
+    model.fit(np.ones((8, 2)), np.ones(8), batch_size=4, epochs=epochs, initial_epoch=initial,
+              verbose=0, callbacks=[hvd_keras.BroadcastGlobalVariablesCallback(0),
+                                    hvd_keras.MlflowCallback(checkpoint=True)])
+    return {"initial": initial, "lr": lr, "size": hvd.size()}

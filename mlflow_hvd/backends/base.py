@@ -72,6 +72,10 @@ class Placement(Protocol):
         after a bounded wait, if at least ``least``; raises ``InsufficientSlotsError``
         otherwise."""
 
+    def slots_back(self, running: int) -> bool:
+        """Whether the runner's ``np`` slots are there now, ``running`` of them taken by the
+        job that asks (an elastic job running below ``np``)."""
+
     def backend(self, feed: FrameSource | None, np: int) -> tuple[Backend, str]:
         """A backend for a new generation of ``np`` ranks (fed ``feed``'s DataFrames, if
         any, split into ``np`` shards), and the driver's address as its ranks reach it."""

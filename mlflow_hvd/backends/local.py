@@ -106,6 +106,9 @@ class LocalPlacement:
     def elastic_size(self, least: int) -> int:
         return self.np  # the driver's processes lose no host (the runner refuses min_np)
 
+    def slots_back(self, running: int) -> bool:
+        return True
+
     def backend(self, feed: FrameSource | None, np: int) -> tuple[Backend, str]:
         frame = feed.fed_frame(np) if feed is not None else None
         return LocalBackend(frame=frame), "127.0.0.1"

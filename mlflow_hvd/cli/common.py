@@ -144,6 +144,14 @@ def add_runner_options(p: argparse.ArgumentParser) -> None:
         "latest checkpoint (default 0)",
     )
     p.add_argument(
+        "--min-np",
+        type=whole_number,
+        default=0,
+        help="elastic: let an attempt run on as few as N ranks when a host is lost, growing "
+        "back to np at a checkpoint when it returns (JobConfig.min_np; needs "
+        "--max-failures >= 1; default 0: every attempt on np)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=0.0,
@@ -170,9 +178,9 @@ class RunnerGroups:
 
 
 def runner_options(args: argparse.Namespace) -> RunnerGroups:
-    """The option groups from :func:`add_runner_options`' flags: ``--max-failures`` and
-    ``--timeout`` into :class:`JobConfig`, ``--spark-master`` and ``--ship-environment``
-    into :class:`ClusterConfig`.
+    """The option groups from :func:`add_runner_options`' flags: ``--max-failures``,
+    ``--min-np`` and ``--timeout`` into :class:`JobConfig`, ``--spark-master`` and
+    ``--ship-environment`` into :class:`ClusterConfig`.
 
     Raises:
         ConfigurationError: A flag's value out of its range, naming the option.
@@ -180,7 +188,8 @@ def runner_options(args: argparse.Namespace) -> RunnerGroups:
     if args.timeout < 0:
         raise ConfigurationError(
             f"timeout must be a number of seconds (0: no limit), got {args.timeout:g}")
-    job = JobConfig(max_failures=args.max_failures, timeout=args.timeout or None)
+    job = JobConfig(max_failures=args.max_failures, timeout=args.timeout or None,
+                    min_np=args.min_np or None)
     cluster = ClusterConfig(spark_master=args.spark_master,
                             ship_environment=ship_choice(args.ship_environment))
     return RunnerGroups(job, cluster)

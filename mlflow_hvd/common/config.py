@@ -122,8 +122,13 @@ class JobConfig:
             ``min_np`` (``hvd.size()`` is the new size; DataFrame arguments are split again
             into equal shards over the new ranks), from the run's latest checkpoint; fewer
             fail with ``InsufficientSlotsError`` naming both counts. Needs ``max_failures >=
-            1`` (a job shrinks when it restarts after losing a host).
-            docs/usage.md#elastic-jobs.
+            1`` (a job shrinks when it restarts after losing a host). A job running below
+            ``np`` grows back when the missing slots return: at the first checkpoint in its
+            run after they are found, it restarts on ``np`` ranks from that checkpoint (a
+            planned restart, not counted as a failure). docs/usage.md#elastic-jobs.
+        grow_interval: Seconds between two looks for the missing slots of a job running
+            below ``np`` (made at its checkpoints, the first this long after the attempt
+            started): the fewest seconds between two resizes of a job.
         max_line_bytes: Longer output lines of the ranks are cut with a ``...[line
             truncated: N more bytes]`` marker.
     """
@@ -135,10 +140,12 @@ class JobConfig:
     idle_timeout: float = 3600.0
     max_failures: int = 0
     min_np: int | None = None
+    grow_interval: float = 300.0
     max_line_bytes: int = 16384
 
     def __post_init__(self) -> None:
-        for name in ("start_timeout", "slot_timeout", "stop_grace", "idle_timeout"):
+        for name in ("start_timeout", "slot_timeout", "stop_grace", "idle_timeout",
+                     "grow_interval"):
             _set(self, name, check_seconds(name, getattr(self, name)))
         if self.timeout is not None:
             _set(self, "timeout", check_seconds("timeout", self.timeout))

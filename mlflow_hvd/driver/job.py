@@ -5,6 +5,7 @@ many)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ class Job:
             generation's ranks when it starts; None: the job has none.
         on_fed: Told how the DataFrames were split over the ranks (records them in the
             job's run), once the generation's tasks agreed.
+        restart: Once set, the job ends for a planned restart (an elastic job growing back,
+            :mod:`mlflow_hvd.driver.elastic`); None: it never does.
     """
 
     np: int
@@ -54,6 +57,7 @@ class Job:
     on_undelivered: UndeliveredHandler | None = None
     feed: Feed | None = None
     on_fed: Callable[[FeedAgreed], None] | None = None
+    restart: threading.Event | None = None
 
     @property
     def feed_key(self) -> tuple[tuple[str, int], ...]:

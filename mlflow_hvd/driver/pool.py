@@ -85,7 +85,7 @@ class RankPool:
             record = JobRecord(job.np, job.job_id, tasks=live.tasks)
             try:
                 value = supervise(record, live.events, live.backend, job.settings, out,
-                                  self.stop)
+                                  self.stop, job.restart)
             except WorkerFailedError as exc:
                 if not (handed and died_before_starting(record)):
                     raise

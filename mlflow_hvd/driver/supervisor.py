@@ -262,6 +262,11 @@ class JobRecord:
         )
 
 
+class RestartPlanned(Exception):
+    """The job's ``restart`` event was set: it ends here, to be restarted on more ranks
+    (:mod:`mlflow_hvd.driver.elastic`); the caller stops its ranks."""
+
+
 def supervise(
     job: JobRecord,
     events: queue.Queue[object],
@@ -269,6 +274,7 @@ def supervise(
     settings: DriverSettings,
     out: TextIO,
     stop: threading.Event,
+    restart: threading.Event | None = None,
 ) -> bytes:
     """Run the loop until every rank exited or a deadline ends the job.
 
@@ -278,8 +284,9 @@ def supervise(
     Raises:
         WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError.
         JobStopped: ``stop`` was set (the caller stops the ranks, as on Ctrl-C).
+        RestartPlanned: ``restart`` was set (the caller stops the ranks).
     """
-    outcome = watch(job, events, backend, settings, out, stop)
+    outcome = watch(job, events, backend, settings, out, stop, restart)
     log.info("job %s: %s after %.1fs", job.job_id,
              "succeeded" if outcome.error is None else f"ended by {type(outcome.error).__name__}",
              time.monotonic() - job.t0)
@@ -293,16 +300,20 @@ def watch(
     settings: DriverSettings,
     out: TextIO,
     stop: threading.Event,
+    restart: threading.Event | None = None,
 ) -> Outcome:
     """The loop: consume messages until every rank exited, a deadline passed or the job
     failed and its ranks are down; never raises for the job's own failures, only
-    :class:`JobStopped` once ``stop`` is set (checked every 0.1 s)."""
+    :class:`JobStopped` once ``stop`` is set and :class:`RestartPlanned` once ``restart``
+    is (each checked every 0.1 s)."""
     t0 = job.t0
     wind_down = settings.stop_grace + settings.report_grace
     aborted: MlflowHvdError | None = None
     while not job.all_exited():
         if stop.is_set():
             raise JobStopped(f"job {job.job_id} was stopped (HorovodRunner.stop)")
+        if restart is not None and restart.is_set() and job.state is JobState.RUNNING:
+            raise RestartPlanned(f"job {job.job_id} restarts on more ranks")
         now = time.monotonic()
         if job.state is JobState.RUNNING:
             error = _check_running(job, backend, settings, now - t0, now)

@@ -111,7 +111,11 @@ def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> in
 
     Call on every rank after ``model.compile`` and before ``model.fit(initial_epoch=...)``;
     :class:`~mlflow_hvd.keras.BroadcastGlobalVariablesCallback` then gives every rank rank
-    0's restored weights and optimizer state. Returns 0 when there is no checkpoint.
+    0's restored weights and optimizer state. Returns 0 when there is no checkpoint. A
+    checkpoint written by another number of ranks (an elastic job that shrank or grew) has
+    its restored learning rate multiplied by ``hvd.size()`` over that number, as
+    ``scale_learning_rate`` scales it (a ``LearningRateSchedule`` is left as it is, said on
+    stderr).
     """
     if getattr(model, "optimizer", None) is None:  # on every rank, before any collective
         raise ConfigurationError(
@@ -125,8 +129,27 @@ def restore_from_checkpoint(model: keras.Model, run_id: str | None = None) -> in
             model.optimizer.build(model.trainable_variables)
             with scratch.owned_dir("restore") as tmp:
                 model.load_weights(checkpoints.download(ref, tmp, uri))
+                factor = checkpoints.lr_rescale(ref, tmp, hvd.size(), uri)
+            if factor != 1.0:
+                _rescale_learning_rate(model.optimizer, factor, ref.epoch)
             initial_epoch = ref.epoch + 1
             tracking_api.set_tag("mlflow_hvd.resumed_from", f"{ref.run_id}@epoch_{ref.epoch}")
     if hvd.size() > 1:
         initial_epoch = int(hvd.broadcast_object(initial_epoch, root_rank=0))
     return initial_epoch
+
+
+def _rescale_learning_rate(optimizer: Any, factor: float, epoch: int) -> None:
+    """The restored learning rate times ``factor`` (see :func:`restore_from_checkpoint`)."""
+    import sys
+
+    if isinstance(getattr(optimizer, "_learning_rate", None),
+                  keras.optimizers.schedules.LearningRateSchedule):
+        print(f"mlflow_hvd: the checkpoint of epoch {epoch} was written by another number of "
+              "ranks; its learning rate schedule is left as it is (scale it yourself)",
+              file=sys.stderr)
+        return
+    optimizer.learning_rate = float(optimizer.learning_rate.numpy()) * factor
+    print(f"mlflow_hvd: the checkpoint of epoch {epoch} was written by "
+          f"{round(hvd.size() / factor)} ranks; the learning rate it restored is scaled by "
+          f"{factor:g} for {hvd.size()}", file=sys.stderr)

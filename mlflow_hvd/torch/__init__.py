@@ -71,7 +71,9 @@ def restore_from_checkpoint(model: Any, optimizer: Any, run_id: str | None = Non
 
     Call on every rank before broadcasting the initial state
     (``hvd.broadcast_parameters`` / ``hvd.broadcast_optimizer_state`` from rank 0), which then
-    gives every rank the restored state.
+    gives every rank the restored state. A checkpoint written by another number of ranks
+    (an elastic job that shrank or grew) has each parameter group's restored ``lr``
+    multiplied by ``hvd.size()`` over that number, as ``scale_learning_rate`` scales it.
 
     Raises:
         ConfigurationError: The run's latest checkpoint is not a PyTorch one (a Keras job's).
@@ -93,8 +95,15 @@ def restore_from_checkpoint(model: Any, optimizer: Any, run_id: str | None = Non
             with scratch.owned_dir("restore") as tmp:
                 state = torch.load(checkpoints.download(ref, tmp, uri), map_location="cpu",
                                    weights_only=True)
+                factor = checkpoints.lr_rescale(ref, tmp, hvd.size(), uri)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
+            if factor != 1.0:  # written by another number of ranks: the rate follows size
+                for group in optimizer.param_groups:
+                    group["lr"] *= factor
+                print(f"mlflow_hvd: the checkpoint of epoch {ref.epoch} was written by "
+                      f"{round(hvd.size() / factor)} ranks; the learning rate it restored is "
+                      f"scaled by {factor:g} for {hvd.size()}", file=sys.stderr)
             start = ref.epoch + 1
             tracking_api.set_tag("mlflow_hvd.resumed_from", f"{ref.run_id}@epoch_{ref.epoch}")
     if hvd.size() > 1:

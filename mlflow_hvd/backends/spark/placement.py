@@ -10,7 +10,7 @@ from mlflow_hvd.backends.base import Backend, FrameSource
 from mlflow_hvd.backends.spark.api import session_api
 from mlflow_hvd.backends.spark.backend import SparkBackend, session_facts
 from mlflow_hvd.backends.spark.boot import SessionBoot
-from mlflow_hvd.backends.spark.session import elastic_slots, session_slots
+from mlflow_hvd.backends.spark.session import elastic_slots, session_slots, slots_back
 from mlflow_hvd.common.config import ClusterConfig, JobConfig
 from mlflow_hvd.common.network import resolve_host
 
@@ -49,6 +49,9 @@ class SparkPlacement:
     def elastic_size(self, least: int) -> int:
         return elastic_slots(session_api(self.session()), self.np, least,
                              self.job.slot_timeout)
+
+    def slots_back(self, running: int) -> bool:
+        return slots_back(session_api(self.session()), self.np, running)
 
     def backend(self, feed: FrameSource | None, np: int) -> tuple[Backend, str]:
         spark = self.session()

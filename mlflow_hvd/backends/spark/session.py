@@ -204,6 +204,17 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float) -> int:
     raise InsufficientSlotsError(_elastic_message(api, np, least, slots, timeout, False))
 
 
+def slots_back(api: SessionApi, np: int, running: int) -> bool:
+    """Whether ``np`` slots are there now, ``running`` of them taken by the job that asks:
+    registered slots on a classic session; on a Spark Connect one, whether a barrier stage
+    of the ``np - running`` missing tasks runs within :data:`SHORT_PROBE` seconds."""
+    slots = api.task_slots()
+    if slots is not None:
+        return slots >= np
+    forget_probes(api)
+    return _probe_runs(api, np - running, SHORT_PROBE)
+
+
 SHORT_PROBE = 10.0  # seconds a Connect probe of fewer than np tasks gets (a probe that can
 # run does in about a second; one that cannot waits for slots until its deadline)
 

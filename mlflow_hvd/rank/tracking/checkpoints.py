@@ -25,7 +25,8 @@ from mlflow_hvd.protocol.checkpoint_layout import (
 )
 from mlflow_hvd.rank.tracking import api as tracking_api
 
-__all__ = ["LATEST_TAG", "CheckpointRef", "download", "latest", "save", "save_with", "to_resume"]
+__all__ = ["LATEST_TAG", "WORLD_SIZE", "CheckpointRef", "download", "latest", "lr_rescale",
+           "save", "save_with", "to_resume"]
 
 
 def save(
@@ -61,7 +62,11 @@ def save_with(
         write(local_model)
         metrics_path = os.path.join(tmp, METRICS_FILE)
         with open(metrics_path, "w") as f:
-            json.dump({**metrics, "epoch": epoch, "global_step": global_step}, f)
+            # the job's size: a resume on another number of ranks (an elastic job) rescales
+            # the learning rate the optimizer's state brings back (:func:`lr_rescale`)
+            size = int(os.environ.get("HOROVOD_SIZE") or 0)
+            json.dump({**metrics, "epoch": epoch, "global_step": global_step,
+                       **({WORLD_SIZE: size} if size else {})}, f)
         tracking_api.log_artifact(local_model, epoch_dir(epoch))
         tracking_api.log_artifact(metrics_path, epoch_dir(epoch))
     tracking_api.commit(metrics if log_metrics else {}, epoch,
@@ -87,6 +92,29 @@ def download(ref: CheckpointRef, dst: str, tracking_uri: str | None = None) -> s
     root = MlflowClient(tracking_uri=tracking_uri).get_run(ref.run_id).info.artifact_uri
     repo = get_artifact_repository(root, tracking_uri=tracking_uri)
     return str(repo.download_artifacts(ref.artifact_path, dst))
+
+
+WORLD_SIZE = "world_size"  # in a checkpoint's metrics file: the ranks that wrote it
+
+
+def lr_rescale(ref: CheckpointRef, dst: str, size: int,
+               tracking_uri: str | None = None) -> float:
+    """The factor that turns the learning rate restored with ``ref``'s optimizer state
+    into this job's: ``size`` over the number of ranks that wrote it (1.0 when they were as
+    many, or the checkpoint does not say). Learning rates scaled by the number of workers
+    (``scale_learning_rate``, Horovod's step 4) follow a resized elastic job so."""
+    from mlflow import MlflowClient
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    root = MlflowClient(tracking_uri=tracking_uri).get_run(ref.run_id).info.artifact_uri
+    repo = get_artifact_repository(root, tracking_uri=tracking_uri)
+    try:
+        path = repo.download_artifacts(f"{epoch_dir(ref.epoch)}/{METRICS_FILE}", dst)
+        with open(path) as f:
+            saved = int(json.load(f).get(WORLD_SIZE) or 0)
+    except Exception:  # an older checkpoint, or no metrics file: the rate as restored
+        return 1.0
+    return size / saved if saved else 1.0
 
 
 def to_resume(run_id: str | None = None) -> tuple[CheckpointRef | None, str | None]:

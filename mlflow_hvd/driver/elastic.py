@@ -1,0 +1,121 @@
+"""Driver side of elastic jobs (``JobConfig(min_np=...)``): growing an attempt that runs below
+``np`` back to ``np`` at a checkpoint.
+
+An attempt that started on fewer ranks than ``np`` (a host was lost) is watched through the
+writes rank 0 sends the driver. When one of them commits a resumable checkpoint (the
+run's latest-checkpoint tag, written in one call with the epoch's metrics), the driver
+looks — at most once per ``grow_interval`` — whether the missing slots are back. If they
+are, it writes the records up to and including that checkpoint, plans a restart
+(:class:`GrowBack`'s ``restart`` event, which the driver loop turns into
+:class:`~mlflow_hvd.driver.supervisor.RestartPlanned`) and answers every later write of the
+attempt without writing it: what rank 0 logs after the checkpoint belongs to work the next
+attempt, on ``np`` ranks from that checkpoint, does again. No epoch is lost, none is logged
+twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from mlflow_hvd.protocol import records as rec
+from mlflow_hvd.protocol.checkpoint_layout import LATEST_TAG, parse
+from mlflow_hvd.protocol.messages import EpochReport, NotJudged, TrackingWrite, TrackingWritten
+
+log = logging.getLogger(__name__)
+
+Answer = Callable[[TrackingWrite | EpochReport], object]
+
+
+def checkpoint_commit(records: tuple[rec.Record, ...], run_id: str) -> int | None:
+    """The index of the last record that commits a resumable checkpoint of ``run_id``
+    (None: there is none)."""
+    found = None
+    for index, record in enumerate(records):
+        if isinstance(record, rec.Commit) and any(
+                tag.key == LATEST_TAG and parse(run_id, tag.value) is not None
+                for tag in record.tags):
+            found = index
+    return found
+
+
+class GrowBack:
+    """Watches one attempt running on ``size`` of ``np`` ranks (see the module docstring).
+
+    Args:
+        np: The ranks the job wants.
+        size: The ranks this attempt runs on (fewer).
+        interval: The fewest seconds from the attempt's start to the first look for the
+            missing slots, and between two looks.
+        slots_back: Whether ``np`` slots are there now, this attempt's ``size`` included.
+        run_id: The job's run.
+        clock: Seconds, monotonic (tests give their own).
+    """
+
+    def __init__(self, np: int, size: int, interval: float, slots_back: Callable[[], bool],
+                 run_id: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.np, self.size, self.interval, self.run_id = np, size, interval, run_id
+        self._slots_back = slots_back
+        self._clock = clock
+        self._last_look = clock()
+        self._lock = threading.Lock()
+        self.restart = threading.Event()  # set: the attempt ends for a restart on np ranks
+        self.epoch: int | None = None  # the checkpoint the next attempt resumes from
+
+    def answering(self, answer: Answer) -> Answer:
+        """``answer`` (rank 0's requests) with the attempt's growth watched."""
+
+        def watched(request: TrackingWrite | EpochReport) -> object:
+            with self._lock:  # one request at a time: writes stay in rank 0's order
+                if self.restart.is_set():
+                    return self._dropped(request)
+                if not isinstance(request, TrackingWrite):
+                    return answer(request)
+                cut = checkpoint_commit(request.records, self.run_id)
+                if cut is None or not self._look():
+                    return answer(request)
+                kept = dataclasses.replace(request, records=request.records[:cut + 1])
+                written = answer(kept)
+                if isinstance(written, TrackingWritten) and not written.error:
+                    self._plan(request.records[cut], len(request.records) - cut - 1)
+                return written
+
+        return watched
+
+    def _look(self) -> bool:
+        """Whether the missing slots are back, looked for at most once per interval."""
+        now = self._clock()
+        if now - self._last_look < self.interval:
+            return False
+        self._last_look = now
+        try:
+            back = self._slots_back()
+        except Exception:  # counting failed (a Connect probe): training goes on as it is
+            log.warning("looking for the missing slots failed; the job goes on on %d ranks",
+                        self.size, exc_info=True)
+            return False
+        log.info("job on %d of %d ranks: the missing slots are %s", self.size, self.np,
+                 "back" if back else "still missing")
+        return back
+
+    def _plan(self, commit: rec.Record, dropped: int) -> None:
+        assert isinstance(commit, rec.Commit)
+        tag = next(t for t in commit.tags if t.key == LATEST_TAG)
+        ref = parse(self.run_id, tag.value)
+        self.epoch = ref.epoch if ref is not None else None
+        self.restart.set()
+        log.warning("mlflow_hvd: %d task slots are back: the job restarts on np=%d ranks from "
+                    "the checkpoint of epoch %s it just committed (a planned restart, not a "
+                    "failure)%s", self.np, self.np, self.epoch,
+                    f"; {dropped} record(s) logged after it are done again" if dropped else "")
+
+    def _dropped(self, request: TrackingWrite | EpochReport) -> object:
+        """After the planned restart: nothing more of this attempt is written."""
+        if isinstance(request, TrackingWrite):
+            log.debug("dropped %d record(s) rank 0 sent after the restart was planned",
+                      len(request.records))
+            return TrackingWritten()
+        return NotJudged("the job restarts on more ranks")

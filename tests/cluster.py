@@ -114,6 +114,17 @@ class Cluster:
         """A lost machine: every process in the node's namespace gets SIGKILL."""
         _kill_namespace(self.namespace(node))
 
+    def executor_logs(self, node: str) -> set[Path]:
+        """The stderr files of every executor ``node``'s worker started (its work dir)."""
+        return set((self.state / node / "work").glob("app-*/*/stderr"))
+
+    def wait_for_new_executor(self, node: str, before: set[Path], timeout: float) -> None:
+        """Wait until an executor of ``node`` not among ``before`` (:meth:`executor_logs`)
+        registered with its driver (from then on the driver counts its slots)."""
+        wait_until(lambda: any("Successfully registered with driver" in p.read_text(
+            errors="replace") for p in self.executor_logs(node) - before), timeout,
+            f"a new executor on {node} registered with the driver")
+
     def use_nodes(self, bare: bool) -> None:
         """Restart both workers as bare nodes (:func:`hidden_on_bare_nodes`) or as nodes
         with the driver's environment, unless they already are; the network, the master and

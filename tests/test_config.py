@@ -85,6 +85,8 @@ def test_an_option_in_the_wrong_group_or_misspelled_is_refused_naming_where_it_g
     (lambda: JobConfig(min_np=0, max_failures=1), "min_np must be an integer >= 1, got 0"),
     (lambda: JobConfig(min_np=2), "min_np=2 needs max_failures >= 1: a job runs on fewer "
      "ranks only when it restarts after a failure"),
+    (lambda: JobConfig(grow_interval=0), "grow_interval must be a positive number of seconds"),
+    (lambda: JobConfig(grow_interval=float("nan")), "grow_interval must be a positive number"),
     (lambda: ClusterConfig(spark_master=7), "spark_master must be a master URL such as "
      "'spark://host:7077' (or None), got int"),
     (lambda: ClusterConfig(gloo_iface=""), "gloo_iface must be a network interface name"),

@@ -133,6 +133,21 @@ def test_two_trials_run_at_once_each_its_own_tagged_stage_of_one_session(
     wait_until(lambda: nothing_running(server), 20, "no job left running on the server")
 
 
+def test_an_elastic_job_runs_on_the_slots_probes_find_and_splits_its_data_over_them(
+        connect: Any, store: str) -> None:
+    """np=6, min_np=3 on the server's 4 slots: a Connect client cannot count slots, so
+    barrier probes of 3 and 4 no-op tasks find them; the attempt runs on 4 ranks, each
+    with a quarter of the rows."""
+    runner = HorovodRunner(np=6, spark=connect,
+                           job=JobConfig(min_np=3, max_failures=1, slot_timeout=5))
+    ranks = runner.run(workers.shard_census, data=frame(connect, 400, 4), batch_size=10)
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert [r["rows"] for r in ranks] == [100] * 4
+    history = mlflow.MlflowClient().get_metric_history(runner.last_run_id,
+                                                       "mlflow_hvd.world_size")
+    assert [(m.step, m.value) for m in history] == [(0, 4.0)]
+
+
 def test_a_failed_attempt_is_retried_with_new_ranks_fed_again(connect: Any) -> None:
     runner = HorovodRunner(np=2, spark=connect, job=JobConfig(max_failures=1),
                            tracking=TrackingConfig(track=False))

@@ -171,8 +171,9 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float) -> int:
     ``np`` slots are there (waiting up to ``timeout`` seconds for them), else as many as
     there are if at least ``least``. Counted afresh (a host may have been lost since the
     last count): registered slots on a classic session; on a Spark Connect one, probes
-    (:func:`probe_slots`): ``np`` for the whole wait, then ``least``, ``least + 1``, ...
-    for :data:`SHORT_PROBE` seconds each until one does not run.
+    (:func:`probe_slots`): ``np`` for the whole wait (unless the master's declared size is
+    smaller), then ``least`` (as long, at least :data:`SHORT_PROBE` seconds), ``least + 1``,
+    ... for :data:`SHORT_PROBE` seconds each until one does not run.
 
     Raises:
         InsufficientSlotsError: Fewer than ``least`` slots after the wait, naming the
@@ -182,11 +183,14 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float) -> int:
     master, conf = api.master(), api.conf()
     ceiling = expected_slots(master, conf)
     if api.task_slots() is None:  # Spark Connect: only probes tell
-        if _probe_runs(api, np, timeout):
+        most = np if ceiling is None else min(np, ceiling)  # what the master can ever give
+        if most == np and _probe_runs(api, np, timeout):
             return np
         found = 0
-        for count in range(least, np):
-            if not _probe_runs(api, count, min(SHORT_PROBE, timeout)):
+        for count in range(least, most + 1 if most < np else np):
+            # the first may start the executors' Python workers: it gets the longer wait
+            wait = max(timeout, SHORT_PROBE) if count == least else SHORT_PROBE
+            if not _probe_runs(api, count, wait):
                 break
             found = count
         if found >= least:
@@ -229,8 +233,10 @@ def _probe_runs(api: SessionApi, count: int, timeout: float) -> bool:
 
 def _elastic_message(api: SessionApi, np: int, least: int, found: int, timeout: float,
                      probed: bool) -> str:
-    how = (f"barrier stages of {least}+ no-op tasks ran for at most {found}" if probed
-           else f"it offers {found}")
+    if not probed:
+        how = f"it offers {found}"
+    else:  # a Connect session: probes
+        how = f"a barrier stage of {least} no-op tasks did not run"
     return (f"the job needs at least min_np={least} (at most np={np}) concurrent barrier task "
             f"slots, and after waiting {timeout:g}s for {np} the Spark cluster (master "
             f"{api.master()}) has fewer: {how}. Add executors, lower JobConfig(min_np=...), or "

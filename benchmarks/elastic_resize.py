@@ -10,9 +10,10 @@ time of its first training step in a marks file. Per round:
 * **shrink** (``min_np=2, max_failures=2``): node-b dies for good mid-epoch (every process
   of its namespace SIGKILLed); the time from the loss to the first step on node-a's 2 ranks
   (``slot_timeout`` of it is the wait for the 4 slots that will not come).
-* **grow**: node-b's worker started again; the time from its new executor registering with
-  the driver to the first step on 4 ranks, and the part of it after the checkpoint the
-  job grew at (the rest is the epoch in progress finishing).
+* **grow**: node-b's worker started again while the job on 2 ranks waits before epoch 4 (a
+  gate file the benchmark holds); once its new executor registered with the driver, the
+  gate opens: the time from then to the first step on 4 ranks, and the part of it after
+  the checkpoint the job grew at (the rest is epoch 4 on 2 ranks).
 
 Work lost in each case: the training time between the last checkpoint and the loss (what
 is done again). Arms alternate per round; prints min/median/max and the ratios of medians.
@@ -37,12 +38,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-EPOCHS = 12
-STEPS = 60  # per epoch: about 2 s on these ranks
+EPOCHS = 10
+STEPS = 240  # per epoch: about 2 s on these ranks
 
 
-def train(marks: str, epochs: int = EPOCHS, steps: int = STEPS) -> int:
-    """The eight steps in PyTorch; rank 0 notes each attempt's first step and checkpoints."""
+def train(marks: str, gate: str, epochs: int = EPOCHS, steps: int = STEPS) -> int:
+    """The eight steps in PyTorch; rank 0 notes each attempt's first step and checkpoints,
+    and starts an epoch only once the gate file allows it (holds a number >= it)."""
     import horovod.torch as hvd
     import torch
 
@@ -68,6 +70,9 @@ def train(marks: str, epochs: int = EPOCHS, steps: int = STEPS) -> int:
 
     first = True
     for epoch in range(start, epochs):
+        while hvd.rank() == 0 and int(Path(gate).read_text().strip() or 0) < epoch:
+            time.sleep(0.05)
+        hvd.allreduce(torch.zeros(1), name=f"gate_{epoch}")
         for _ in range(steps):
             x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
             optimizer.zero_grad()
@@ -101,12 +106,13 @@ class Marks:
         raise SystemExit(f"timed out waiting for {what}; marks: {self.lines()[-5:]}")
 
 
-def run_in_thread(runner: Any, marks: Path) -> tuple[threading.Thread, dict[str, Any]]:
+def run_in_thread(runner: Any, marks: Path,
+                  gate: Path) -> tuple[threading.Thread, dict[str, Any]]:
     box: dict[str, Any] = {}
 
     def body() -> None:
         try:
-            box["value"] = runner.run(train, marks=str(marks))
+            box["value"] = runner.run(train, marks=str(marks), gate=str(gate))
         except BaseException as exc:  # reported by the round
             box["error"] = exc
 
@@ -119,11 +125,12 @@ def last_checkpoint_before(marks: Marks, t: float) -> float:
     return max(float(p[-1]) for p in marks.lines() if p[0] == "checkpoint" and float(p[-1]) < t)
 
 
-def retry_round(cluster: Any, spark: Any, marks: Marks) -> dict[str, float]:
+def retry_round(cluster: Any, spark: Any, marks: Marks, gate: Path) -> dict[str, float]:
     from mlflow_hvd import HorovodRunner, JobConfig
 
+    gate.write_text(str(EPOCHS))  # free running
     runner = HorovodRunner(np=4, spark=spark, job=JobConfig(max_failures=1, stop_grace=2))
-    thread, box = run_in_thread(runner, marks.path)
+    thread, box = run_in_thread(runner, marks.path, gate)
     marks.wait(lambda p: p[0] == "checkpoint" and p[1] == "1", 300, "epoch 1's checkpoint")
     time.sleep(1.0)  # mid-epoch 2
     victim = cluster.rank_pids("node-b")[0]
@@ -137,12 +144,13 @@ def retry_round(cluster: Any, spark: Any, marks: Marks) -> dict[str, float]:
             "lost": t_kill - last_checkpoint_before(marks, t_kill)}
 
 
-def elastic_round(cluster: Any, spark: Any, marks: Marks) -> dict[str, float]:
+def elastic_round(cluster: Any, spark: Any, marks: Marks, gate: Path) -> dict[str, float]:
     from mlflow_hvd import HorovodRunner, JobConfig
 
+    gate.write_text("3")  # on 2 ranks the job waits before epoch 4 until node-b is back
     runner = HorovodRunner(np=4, spark=spark, job=JobConfig(
         min_np=2, max_failures=2, slot_timeout=10, grow_interval=1, stop_grace=2))
-    thread, box = run_in_thread(runner, marks.path)
+    thread, box = run_in_thread(runner, marks.path, gate)
     marks.wait(lambda p: p[0] == "checkpoint" and p[1] == "1", 300, "epoch 1's checkpoint")
     time.sleep(1.0)
     t_kill = time.time()
@@ -152,6 +160,7 @@ def elastic_round(cluster: Any, spark: Any, marks: Marks) -> dict[str, float]:
     cluster.restart_node("node-b")
     cluster.wait_for_new_executor("node-b", before, 120)
     t_back = time.time()
+    gate.write_text(str(EPOCHS))
     grown = marks.wait(lambda p: p[0] == "first" and p[2] == "4" and p[1] != "0", 300,
                        "the first step on 4 again")
     thread.join(600)
@@ -180,11 +189,12 @@ def main() -> None:
         spark = SparkSession.builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         marks = Marks(STATE / "elastic-marks")
+        gate = STATE / "elastic-gate"
         for i in range(args.rounds):
             order = (retry_round, elastic_round) if i % 2 == 0 else (elastic_round, retry_round)
             for arm in order:
                 marks.path.write_text("")
-                for key, value in arm(c, spark, marks).items():
+                for key, value in arm(c, spark, marks, gate).items():
                     name = ("retry " if arm is retry_round else "elastic ") + key
                     results.setdefault(name, []).append(value)
         spark.stop()

@@ -1,0 +1,218 @@
+"""HorovodRunner against pyspark's TorchDistributor (what Databricks advises today for
+distributed PyTorch on Spark), on the same ``local-cluster[2,1,1024]`` session.
+
+1. **Launch**: the same trivial job, new processes every round: join the process group
+   (``torch.distributed`` Gloo under TorchDistributor, ``hvd.init()`` under HorovodRunner),
+   allreduce one tensor, return. ``TorchDistributor(num_processes=2, local_mode=False,
+   use_gpu=False).run(fn)`` vs ``HorovodRunner(np=2).run(fn)``, and warm ranks (``with
+   HorovodRunner(...)``) beside them. Rank 0 notes when the function starts and ends, so
+   each arm's time splits into launch (``run()`` to the function), the function, and the
+   way back.
+2. **Training throughput**: an MLP 256-512-512-10, batch 64, one thread per rank,
+   ``--steps`` timed steps after 20: DistributedDataParallel under TorchDistributor vs
+   ``hvd.DistributedOptimizer`` under HorovodRunner; rank 0's steps/s.
+
+Arms alternate every round; prints min/median/max per arm and the ratios of medians.
+
+    .venv/bin/python benchmarks/torch_distributor.py [--rounds 4] [--steps 150] [--part all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def td_trivial() -> tuple[float, float, float]:
+    import time
+
+    started = time.time()
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    dist.destroy_process_group()
+    return float(value), started, time.time()
+
+
+def hvd_trivial() -> tuple[float, float, float]:
+    import time
+
+    started = time.time()
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    value = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    return float(value), started, time.time()
+
+
+def _mlp() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 10))
+
+
+def _timed_steps(model: Any, optimizer: Any, steps: int) -> float:
+    import time
+
+    import torch
+
+    torch.manual_seed(1)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+    def step() -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(20):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps / (time.perf_counter() - t0)
+
+
+def td_train(steps: int) -> float:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    rate = _timed_steps(model, torch.optim.SGD(model.parameters(), lr=0.01), steps)
+    dist.destroy_process_group()
+    return rate
+
+
+def hvd_train(steps: int) -> float:
+    import horovod.torch as hvd
+    import torch
+
+    torch.set_num_threads(1)
+    hvd.init()
+    model = _mlp()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return _timed_steps(model, optimizer, steps)
+
+
+def summary(name: str, values: list[float], unit: str) -> str:
+    return (f"{name:34s} min {min(values):8.2f}  median {statistics.median(values):8.2f}  "
+            f"max {max(values):8.2f} {unit}   runs: " + " ".join(f"{v:.2f}" for v in values))
+
+
+def alternate(arms: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[Any]]:
+    """One warm-up call per arm, then ``rounds`` rounds, the arms' order rotated."""
+    for fn in arms.values():
+        fn()
+    results: dict[str, list[Any]] = {name: [] for name in arms}
+    names = list(arms)
+    for i in range(rounds):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            results[name].append(arms[name]())
+    return results
+
+
+def launch(spark: Any, rounds: int) -> None:
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from mlflow_hvd import HorovodRunner, TrackingConfig
+
+    off = TrackingConfig(track=False)
+
+    def timed(call: Callable[[], tuple[float, float, float]]) -> tuple[float, float, float]:
+        t0 = time.time()
+        value, started, ended = call()
+        t1 = time.time()
+        if value != 3.0:
+            raise SystemExit(f"a wrong allreduce: {value}")
+        return started - t0, ended - started, t1 - ended
+
+    with HorovodRunner(np=2, spark=spark, tracking=off) as warm:
+        arms = {
+            "TorchDistributor": lambda: timed(lambda: TorchDistributor(
+                num_processes=2, local_mode=False, use_gpu=False).run(td_trivial)),
+            "HorovodRunner": lambda: timed(lambda: HorovodRunner(
+                np=2, spark=spark, tracking=off).run(hvd_trivial)),
+            "HorovodRunner warm": lambda: timed(lambda: warm.run(hvd_trivial)),
+        }
+        results = alternate(arms, rounds)
+    print(f"launch: np=2 on local-cluster[2,1,1024], a trivial allreduce, {rounds} rounds "
+          "after a warm-up, arms rotated")
+    totals = {name: [sum(parts) for parts in values] for name, values in results.items()}
+    for name, values in results.items():
+        print(summary(name + " total", totals[name], "s"))
+        for index, part in enumerate(("run() to the function", "the function",
+                                      "the function to run()'s return")):
+            print(summary(f"  {part}", [v[index] for v in values], "s"))
+    med = {name: statistics.median(v) for name, v in totals.items()}
+    print(f"HorovodRunner / TorchDistributor (medians) = "
+          f"{med['HorovodRunner'] / med['TorchDistributor']:.2f}; warm: "
+          f"{med['HorovodRunner warm'] / med['TorchDistributor']:.3f}")
+
+
+def throughput(spark: Any, rounds: int, steps: int) -> None:
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from mlflow_hvd import HorovodRunner, TrackingConfig
+
+    off = TrackingConfig(track=False)
+    arms = {
+        "DDP under TorchDistributor": lambda: TorchDistributor(
+            num_processes=2, local_mode=False, use_gpu=False).run(td_train, steps),
+        "Horovod under HorovodRunner": lambda: HorovodRunner(
+            np=2, spark=spark, tracking=off).run(hvd_train, steps=steps),
+    }
+    results = alternate(arms, rounds)
+    print(f"throughput: MLP 256-512-512-10, batch 64, 1 thread per rank, {steps} steps after "
+          f"20, np=2, {rounds} rounds after a warm-up, arms rotated (rank 0's steps/s)")
+    for name, values in results.items():
+        print(summary(name, values, "steps/s"))
+    med = {name: statistics.median(v) for name, v in results.items()}
+    print(f"Horovod / DDP (medians) = "
+          f"{med['Horovod under HorovodRunner'] / med['DDP under TorchDistributor']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--part", choices=("all", "launch", "throughput"), default="all")
+    args = parser.parse_args()
+
+    from pyspark.sql import SparkSession
+
+    from mlflow_hvd.backends.spark import jvm
+
+    spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
+             .appName("torch-distributor-bench")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.defaultJavaOptions", jvm.driver_java_options())
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        if args.part in ("all", "launch"):
+            launch(spark, args.rounds)
+        if args.part in ("all", "throughput"):
+            throughput(spark, args.rounds, args.steps)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,6 @@
 """HorovodRunner against pyspark's TorchDistributor (what Databricks advises today for
-distributed PyTorch on Spark), on the same ``local-cluster[2,1,1024]`` session.
+distributed PyTorch on Spark), on the same ``local-cluster[2,2,1024]`` session (4 slots:
+the warm arm's ranks keep 2 while the other arms run on the other 2).
 
 1. **Launch**: the same trivial job, new processes every round: join the process group
    (``torch.distributed`` Gloo under TorchDistributor, ``hvd.init()`` under HorovodRunner),
@@ -94,6 +95,10 @@ def td_train(steps: int) -> float:
     dist.init_process_group("gloo")
     model = torch.nn.parallel.DistributedDataParallel(_mlp())
     rate = _timed_steps(model, torch.optim.SGD(model.parameters(), lr=0.01), steps)
+    # both ranks done before the group goes (without it, a worker sometimes aborted in
+    # Gloo's teardown: "terminate called without an active exception", and torchrun on the
+    # other task then waited for ever)
+    dist.barrier()
     dist.destroy_process_group()
     return rate
 
@@ -152,7 +157,7 @@ def launch(spark: Any, rounds: int) -> None:
             "HorovodRunner warm": lambda: timed(lambda: warm.run(hvd_trivial)),
         }
         results = alternate(arms, rounds)
-    print(f"launch: np=2 on local-cluster[2,1,1024], a trivial allreduce, {rounds} rounds "
+    print(f"launch: np=2 on local-cluster[2,2,1024], a trivial allreduce, {rounds} rounds "
           "after a warm-up, arms rotated")
     totals = {name: [sum(parts) for parts in values] for name, values in results.items()}
     for name, values in results.items():
@@ -166,26 +171,31 @@ def launch(spark: Any, rounds: int) -> None:
           f"{med['HorovodRunner warm'] / med['TorchDistributor']:.3f}")
 
 
-def throughput(spark: Any, rounds: int, steps: int) -> None:
+def throughput(spark: Any, rounds: int, steps: int, cycles: list[float]) -> None:
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    from mlflow_hvd import HorovodRunner, TrackingConfig
+    from mlflow_hvd import HorovodOptions, HorovodRunner, TrackingConfig
 
     off = TrackingConfig(track=False)
-    arms = {
+    arms: dict[str, Callable[[], Any]] = {
         "DDP under TorchDistributor": lambda: TorchDistributor(
             num_processes=2, local_mode=False, use_gpu=False).run(td_train, steps),
         "Horovod under HorovodRunner": lambda: HorovodRunner(
             np=2, spark=spark, tracking=off).run(hvd_train, steps=steps),
     }
+    for cycle in cycles:  # Horovod's background cycle, as horovodrun --cycle-time-ms sets it
+        arms[f"Horovod, cycle {cycle:g} ms"] = lambda c=cycle: HorovodRunner(
+            np=2, spark=spark, tracking=off, horovod=HorovodOptions(cycle_time_ms=c)).run(
+            hvd_train, steps=steps)
     results = alternate(arms, rounds)
     print(f"throughput: MLP 256-512-512-10, batch 64, 1 thread per rank, {steps} steps after "
           f"20, np=2, {rounds} rounds after a warm-up, arms rotated (rank 0's steps/s)")
     for name, values in results.items():
         print(summary(name, values, "steps/s"))
     med = {name: statistics.median(v) for name, v in results.items()}
-    print(f"Horovod / DDP (medians) = "
-          f"{med['Horovod under HorovodRunner'] / med['DDP under TorchDistributor']:.2f}")
+    for name in med:
+        if name.startswith("Horovod"):
+            print(f"{name} / DDP (medians) = {med[name] / med['DDP under TorchDistributor']:.2f}")
 
 
 def main() -> None:
@@ -193,13 +203,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--part", choices=("all", "launch", "throughput"), default="all")
+    parser.add_argument("--cycle-ms", type=float, action="append", default=[],
+                        help="also a Horovod arm with this background cycle time (repeatable)")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
 
     from mlflow_hvd.backends.spark import jvm
 
-    spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
+    spark = (SparkSession.builder.master("local-cluster[2,2,1024]")
              .appName("torch-distributor-bench")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.defaultJavaOptions", jvm.driver_java_options())
@@ -209,7 +221,7 @@ def main() -> None:
         if args.part in ("all", "launch"):
             launch(spark, args.rounds)
         if args.part in ("all", "throughput"):
-            throughput(spark, args.rounds, args.steps)
+            throughput(spark, args.rounds, args.steps, args.cycle_ms)
     finally:
         spark.stop()
 

@@ -19,10 +19,11 @@ it), so each phase competes only with the same phase of the other rank:
 
 A tf.data pass is consumed in graph mode (``Dataset.reduce``), as ``model.fit`` consumes
 it; a torch pass by a Python loop over the loader, as a training loop does.
-* Petastorm 0.12.1 ``make_spark_converter(df)``, the path Databricks' HorovodRunner docs
-  name, in its own venv (``~/.cache/mlflow_hvd/petastorm-venv``: pyarrow 14 and numpy < 2,
-  which it needs and the project's environment cannot have); the converter's cache is on
-  local disk because this is one machine (a cluster needs DBFS/NFS every node sees).
+* Petastorm (``PETASTORM``, 0.12.1) ``make_spark_converter(df)``, the path Databricks'
+  HorovodRunner docs name, in its own venv (``~/.cache/mlflow_hvd/petastorm-venv``: pyarrow
+  14 and numpy < 2, which it needs and the project's environment cannot have; 0.13.1 does
+  not install beside torch 2.13, see ``PETASTORM``); the converter's cache is on local disk
+  because this is one machine (a cluster needs DBFS/NFS every node sees).
   ``make_tf_dataset`` / ``make_torch_dataloader`` with ``cur_shard=rank, shard_count=2``,
   two processes at once.
 
@@ -48,7 +49,10 @@ from typing import Any
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 PETASTORM_VENV = os.path.expanduser("~/.cache/mlflow_hvd/petastorm-venv")
-PETASTORM_PACKAGES = ["petastorm==0.12.1", "pyarrow==14.0.2", "numpy<2", "pandas<2.2",
+# Not 0.13.1 (2026-01): it needs setuptools < 70 and torch 2.13 needs setuptools >= 77.0.3,
+# so no environment holds both (pip: ResolutionImpossible, checked 2026-12-05)
+PETASTORM = "0.12.1"
+PETASTORM_PACKAGES = [f"petastorm=={PETASTORM}", "pyarrow==14.0.2", "numpy<2", "pandas<2.2",
                       "tensorflow-cpu==2.18.1", "pyspark==4.3.0", "psutil", "torch==2.13.0",
                       "pillow", "scikit-learn"]  # the last two: image_loader.py's frame
 BATCH = 256
@@ -206,35 +210,47 @@ def mlflow_hvd_round(spark: Any, rows: int) -> dict[str, Any]:
         data=df, t0=t0)
 
 
-def ensure_petastorm_venv() -> str:
-    """Petastorm's venv, made (or completed) with ``PETASTORM_PACKAGES``."""
-    python = os.path.join(PETASTORM_VENV, "bin", "python")
-    marker = os.path.join(PETASTORM_VENV, ".complete")
-    wanted = "\n".join(PETASTORM_PACKAGES)
+def ensure_venv(venv: str, packages: list[str], **pip_env: str | None) -> str:
+    """A peer's venv at ``venv``, made (or completed) with ``packages``; ``pip_env``: the
+    variables pip gets (None: unset). Returns its python."""
+    python = os.path.join(venv, "bin", "python")
+    marker = os.path.join(venv, ".complete")
+    wanted = "\n".join(packages)
     done = None
     if os.path.exists(marker):
         with open(marker) as f:
             done = f.read()
     if done != wanted:
         if not os.path.exists(python):
-            base = f"{os.path.expanduser('~/.pyenv/versions/3.11.7/bin/python')}"
+            base = os.path.expanduser("~/.pyenv/versions/3.11.7/bin/python")
             subprocess.run([base if os.path.exists(base) else sys.executable, "-m", "venv",
-                            PETASTORM_VENV], check=True)
-        subprocess.run([python, "-m", "pip", "install", "-q", *PETASTORM_PACKAGES,
-                        "--find-links", "/opt/wheels"], check=True)
+                            venv], check=True)
+        env = {k: v for k, v in os.environ.items() if k not in pip_env}
+        env.update({k: v for k, v in pip_env.items() if v is not None})
+        subprocess.run([python, "-m", "pip", "install", "-q", *packages], check=True, env=env)
         with open(marker, "w") as f:
             f.write(wanted)
     return python
 
 
-def petastorm_round(python: str, rows: int) -> dict[str, Any]:
-    script = os.path.join(REPO, "benchmarks", "petastorm_arm.py")
+def ensure_petastorm_venv() -> str:
+    """Petastorm's venv (``PETASTORM_PACKAGES``; torch's CPU wheel from /opt/wheels)."""
+    return ensure_venv(PETASTORM_VENV, PETASTORM_PACKAGES, PIP_FIND_LINKS="/opt/wheels")
+
+
+def run_arm(python: str, script: str, args: list[Any], timeout: float) -> dict[str, Any]:
+    """A peer's arm: ``script`` (in benchmarks/) run by its venv's ``python``, its Spark
+    workers in that venv too; the figures are the last line it prints, as JSON."""
     env = {**os.environ, "PYSPARK_PYTHON": python, "PYTHONPATH": ""}
-    proc = subprocess.run([python, script, str(rows), str(BATCH)], capture_output=True,
-                          text=True, env=env, timeout=1800)
+    proc = subprocess.run([python, os.path.join(REPO, "benchmarks", script), *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"the Petastorm arm failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{script} failed:\n{proc.stderr[-4000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def petastorm_round(python: str, rows: int) -> dict[str, Any]:
+    return run_arm(python, "petastorm_arm.py", [rows, BATCH], timeout=1800)
 
 
 def _line(name: str, values: list[float], unit: str) -> str:
@@ -278,7 +294,7 @@ def main() -> None:
         print(_line("mlflow_hvd", [r[key] for r in ours], unit))
         print(_line(f"mlflow_hvd x{args.scale} rows", [r[key] for r in big], unit))
         if peta:
-            print(_line("petastorm 0.12.1", [r[key] for r in peta], unit))
+            print(_line(f"petastorm {PETASTORM}", [r[key] for r in peta], unit))
         if key in ("tf_rows_s", "torch_rows_s"):
             print(_line("mlflow_hvd in file order", [r[f"in_order_{key}"] for r in ours], unit))
             print(_line("floor (pyarrow loop, in order)", [r[f"floor_{key}"] for r in ours],

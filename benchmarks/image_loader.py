@@ -20,7 +20,8 @@ flip, scale to float32) into batches of 64 ``(image, label)`` tensors that the l
      its 2-workers / 0-workers ratio is the most this machine gives.
 
 2. **Two ranks against Petastorm** (``np=2``: each rank half the rows): ours with 0 and 2
-   workers per rank; Petastorm 0.12.1 in its own venv (as ``dataframe_feed.py`` builds it):
+   workers per rank; Petastorm (``dataframe_feed.PETASTORM``) in its own venv (as
+   ``dataframe_feed.py`` builds it):
    ``make_spark_converter(df)``, then two processes each
    ``make_torch_dataloader(batch_size=64, cur_shard=r, shard_count=2,
    transform_spec=TransformSpec(...))`` running the same transform row by row on its
@@ -41,11 +42,9 @@ from __future__ import annotations
 import argparse
 import functools
 import io
-import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -54,7 +53,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dataframe_feed import PeakRss  # noqa: E402 - stdlib-only at import
+from dataframe_feed import PETASTORM, PeakRss  # noqa: E402 - stdlib-only at import
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 BATCH = 64
@@ -219,16 +218,10 @@ def two_ranks(data: Any, rounds: int, crop: int) -> dict[str, Any]:
 
 
 def petastorm(rows: int, size: int, crop: int, rounds: int) -> dict[str, Any]:
-    from dataframe_feed import ensure_petastorm_venv
+    from dataframe_feed import ensure_petastorm_venv, run_arm
 
-    python = ensure_petastorm_venv()
-    script = os.path.join(HERE, "petastorm_images.py")
-    env = {**os.environ, "PYSPARK_PYTHON": python, "PYTHONPATH": ""}
-    proc = subprocess.run([python, script, *map(str, (rows, size, crop, rounds, BATCH))],
-                          capture_output=True, text=True, env=env, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the Petastorm arm failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_arm(ensure_petastorm_venv(), "petastorm_images.py",
+                   [rows, size, crop, rounds, BATCH], timeout=3600)
 
 
 def line(name: str, values: list[float], unit: str) -> str:
@@ -280,7 +273,7 @@ def main() -> None:
     for name, values in two["rows_s"].items():
         print(line(name + " workers", values, f"rows/s  peak {two['peak_mib'][name]:,.0f} MiB"))
     if peta is not None:
-        print(line("petastorm 0.12.1", peta["rows_s"],
+        print(line(f"petastorm {PETASTORM}", peta["rows_s"],
                    f"rows/s  peak {peta['peak_mib']:,.0f} MiB  "
                    f"(converter {peta['convert_s']:.1f} s; rows per rank "
                    f"{peta['rows'][0]:,} and {peta['rows'][1]:,})"))

@@ -16,6 +16,7 @@ the warm arm's ranks keep 2 while the other arms run on the other 2).
 Arms alternate every round; prints min/median/max per arm and the ratios of medians.
 
     .venv/bin/python benchmarks/torch_distributor.py [--rounds 4] [--steps 150] [--part all]
+                                                     [--arm cycle=2 --arm groups=1 ...]
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def td_train(steps: int) -> float:
     return rate
 
 
-def hvd_train(steps: int) -> float:
+def hvd_train(steps: int, groups: int = 0) -> float:
     import horovod.torch as hvd
     import torch
 
@@ -111,7 +112,8 @@ def hvd_train(steps: int) -> float:
     hvd.init()
     model = _mlp()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                         named_parameters=model.named_parameters())
+                                         named_parameters=model.named_parameters(),
+                                         groups=groups or None)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     return _timed_steps(model, optimizer, steps)
 
@@ -171,7 +173,24 @@ def launch(spark: Any, rounds: int) -> None:
           f"{med['HorovodRunner warm'] / med['TorchDistributor']:.3f}")
 
 
-def throughput(spark: Any, rounds: int, steps: int, cycles: list[float]) -> None:
+def parse_arm(spec: str) -> tuple[dict[str, Any], int]:
+    """``--arm`` "cycle=2,fusion=0,groups=1" -> (HorovodOptions' keywords, groups)."""
+    options: dict[str, Any] = {}
+    groups = 0
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        if key == "cycle":
+            options["cycle_time_ms"] = float(value)
+        elif key == "fusion":
+            options["fusion_threshold_mb"] = int(value)
+        elif key == "groups":
+            groups = int(value)
+        else:
+            raise SystemExit(f"--arm {spec!r}: unknown {key!r} (cycle=, fusion=, groups=)")
+    return options, groups
+
+
+def throughput(spark: Any, rounds: int, steps: int, specs: list[str]) -> None:
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from mlflow_hvd import HorovodOptions, HorovodRunner, TrackingConfig
@@ -183,10 +202,11 @@ def throughput(spark: Any, rounds: int, steps: int, cycles: list[float]) -> None
         "Horovod under HorovodRunner": lambda: HorovodRunner(
             np=2, spark=spark, tracking=off).run(hvd_train, steps=steps),
     }
-    for cycle in cycles:  # Horovod's background cycle, as horovodrun --cycle-time-ms sets it
-        arms[f"Horovod, cycle {cycle:g} ms"] = lambda c=cycle: HorovodRunner(
-            np=2, spark=spark, tracking=off, horovod=HorovodOptions(cycle_time_ms=c)).run(
-            hvd_train, steps=steps)
+    for spec in specs:  # Horovod's knobs, as horovodrun's flags set them, and the optimizer's
+        options, groups = parse_arm(spec)  # groups= (one allreduce group per N tensors)
+        arms[f"Horovod {spec}"] = lambda o=options, g=groups: HorovodRunner(
+            np=2, spark=spark, tracking=off, horovod=HorovodOptions(**o)).run(
+            hvd_train, steps=steps, groups=g)
     results = alternate(arms, rounds)
     print(f"throughput: MLP 256-512-512-10, batch 64, 1 thread per rank, {steps} steps after "
           f"20, np=2, {rounds} rounds after a warm-up, arms rotated (rank 0's steps/s)")
@@ -203,8 +223,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--part", choices=("all", "launch", "throughput"), default="all")
-    parser.add_argument("--cycle-ms", type=float, action="append", default=[],
-                        help="also a Horovod arm with this background cycle time (repeatable)")
+    parser.add_argument("--arm", action="append", default=[],
+                        help="also a Horovod arm with these settings, e.g. cycle=2 (ms), "
+                             "fusion=0 (MB), groups=1 (DistributedOptimizer's); repeatable")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
@@ -221,7 +242,7 @@ def main() -> None:
         if args.part in ("all", "launch"):
             launch(spark, args.rounds)
         if args.part in ("all", "throughput"):
-            throughput(spark, args.rounds, args.steps, args.cycle_ms)
+            throughput(spark, args.rounds, args.steps, args.arm)
     finally:
         spark.stop()
 

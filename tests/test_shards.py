@@ -25,6 +25,7 @@ from mlflow_hvd.protocol.feed import (
     ShardArg,
     load_manifest,
 )
+from mlflow_hvd.rank import passes
 from mlflow_hvd.rank.shard import resolve
 
 TRAIN = FrameSpec("train", 0, (
@@ -103,6 +104,27 @@ def test_shuffling_is_reproducible_from_seed_and_epoch_and_differs_every_epoch(
     # passes that do not name their epoch count up from next_epoch
     shard.next_epoch = 1
     assert ids(shard, 50, seed=7, window=500) == epoch1 and shard.next_epoch == 2
+
+
+def test_the_default_window_is_bounded_by_bytes_as_well_as_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wide rows (images) are shuffled in a window of about WINDOW_BYTES of the file, not
+    65,536 rows of them; a window the caller names is kept."""
+    shard = fed(tmp_path, [3000, 3000], per_batch=250)[0]
+    per_row = os.path.getsize(shard._file.path) / shard._file.written
+    monkeypatch.setattr(passes, "WINDOW_BYTES", int(per_row * 500) + 1)  # 500 rows' bytes
+    default = ids(shard, 50, seed=7, epoch=0)
+    assert default == ids(shard, 50, seed=7, epoch=0, window=500)
+    assert default != ids(shard, 50, seed=7, epoch=0, window=passes.WINDOW_ROWS)
+    torch_ids = [int(i) for x, _ in shard.torch_dataset(50, features=["id"], seed=7)
+                 for i in x]
+    assert torch_ids == default  # its first pass: epoch 0 too
+    # narrow rows: the row bound; never under a batch; a batch in file order
+    monkeypatch.setattr(passes, "WINDOW_BYTES", 32 << 20)
+    path, written = shard._file.path, shard._file.written
+    assert passes.window_rows(path, written, None, 50, True) == passes.WINDOW_ROWS
+    assert passes.window_rows(path, written, 10, 50, True) == 50
+    assert passes.window_rows(path, written, None, 50, False) == 50
 
 
 def test_two_arguments_in_one_stage_each_get_their_own_file(tmp_path: Path) -> None:

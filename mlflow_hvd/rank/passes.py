@@ -6,10 +6,28 @@ memory map whose pages are handed back as the pass goes (used by
 from __future__ import annotations
 
 import mmap
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+WINDOW_ROWS = 65536  # default rows shuffled together in memory...
+WINDOW_BYTES = 32 << 20  # ...or as many as fit in this much of the shard's file, if fewer
+
+
+def window_rows(path: str, written: int, window: int | None, batch_size: int,
+                shuffle: bool) -> int:
+    """Rows a pass shuffles together: ``window`` if given, else ``WINDOW_ROWS`` or the rows
+    of about ``WINDOW_BYTES`` of the file, whichever is fewer (wide rows, such as images,
+    would otherwise hold 65,536 of them in memory at once); never under a batch, and a batch
+    without shuffling."""
+    if not shuffle:
+        return batch_size
+    if window is None:
+        per_row = os.path.getsize(path) / max(written, 1)
+        window = min(WINDOW_ROWS, int(WINDOW_BYTES // max(per_row, 1.0)))
+    return max(window, batch_size)
 
 
 class Pass:

@@ -9,7 +9,8 @@ hands back the pages it has read, so a rank's memory does not grow with its shar
 
 Shuffling, per pass (``seed + epoch``: reproducible, different every epoch): the order of
 the file's record batches is permuted, and rows are permuted within a window of
-consecutive batches of that order (``window`` rows). Which rows a rank has does not change
+consecutive batches of that order (``window`` rows; by default 65,536 rows or the rows of
+about 32 MiB of the file, whichever is fewer). Which rows a rank has does not change
 between epochs: shards are fixed for the job (as with every partition-local feed).
 """
 
@@ -31,9 +32,8 @@ from mlflow_hvd.protocol.feed import (
     ShardFile,
     load_manifest,
 )
-from mlflow_hvd.rank.passes import Pass
+from mlflow_hvd.rank.passes import Pass, window_rows
 
-WINDOW_ROWS = 65536  # default rows shuffled together in memory
 _DATASET_OPTIONS = ("label", "features", "shuffle", "seed", "window", "transform")
 CROSSING_BYTES = 1 << 20  # about this much of a window per step from Python into tf.data
 
@@ -116,7 +116,7 @@ class Shard:
     # --- numpy ---------------------------------------------------------------------------
     def batches(self, batch_size: int, *, columns: Sequence[str] | None = None,
                 shuffle: bool = True, seed: int = 0, epoch: int | None = None,
-                window: int = WINDOW_ROWS) -> Iterator[dict[str, np.ndarray]]:
+                window: int | None = None) -> Iterator[dict[str, np.ndarray]]:
         """One pass over the shard: ``steps(batch_size)`` dicts of column name -> numpy
         array of ``batch_size`` rows (arrays: ``(batch_size, width)``; binary and string
         columns: object arrays of ``bytes`` / ``str``).
@@ -125,12 +125,14 @@ class Shard:
             columns: The columns to read (default: all).
             shuffle: Permute record batches and rows within ``window`` rows, from
                 ``seed + epoch``; False reads the rows in file order.
+            window: Rows shuffled together in memory (default: 65,536, or the rows of
+                about 32 MiB of the shard's file if fewer).
             epoch: The pass's epoch (default: :attr:`next_epoch`, then counted up).
         """
         return self._pass(batch_size, columns, shuffle, seed, epoch, window).batches()
 
     def _pass(self, batch_size: int, columns: Sequence[str] | None, shuffle: bool, seed: int,
-              epoch: int | None, window: int) -> Pass:
+              epoch: int | None, window: int | None) -> Pass:
         steps = self.steps(batch_size)
         names = list(columns) if columns is not None else self.columns
         unknown = sorted(set(names) - set(self.columns))
@@ -141,12 +143,13 @@ class Shard:
             epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
         rng = np.random.default_rng([seed, epoch]) if shuffle else None
         return Pass(self._file.path, self.rows, names, self._widths, batch_size, steps,
-                     rng, max(window, batch_size) if shuffle else batch_size)
+                    rng, window_rows(self._file.path, self._file.written, window, batch_size,
+                                     shuffle))
 
     # --- TensorFlow ----------------------------------------------------------------------
     def tf_dataset(self, batch_size: int, *, label: str | None = "label",
                    features: Sequence[str] | None = None, shuffle: bool = True,
-                   seed: int = 0, window: int = WINDOW_ROWS, map: Any = None) -> Any:
+                   seed: int = 0, window: int | None = None, map: Any = None) -> Any:
         """A ``tf.data.Dataset`` of ``(features, label)`` batches with known cardinality
         (``steps(batch_size)``): ``model.fit(ds, epochs=n)`` needs no ``steps_per_epoch``.
         Each iteration (each epoch of ``fit``) is a new pass, shuffled for its epoch.
@@ -206,7 +209,7 @@ class Shard:
     # --- PyTorch -------------------------------------------------------------------------
     def torch_dataset(self, batch_size: int, *, label: str | None = "label",
                       features: Sequence[str] | None = None, shuffle: bool = True,
-                      seed: int = 0, window: int = WINDOW_ROWS,
+                      seed: int = 0, window: int | None = None,
                       transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
                       ) -> Any:
         """A ``torch.utils.data.IterableDataset`` of ``(features, label)`` tensor batches

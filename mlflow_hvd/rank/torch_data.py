@@ -36,7 +36,7 @@ import torch
 from mlflow_hvd.common.naming import callable_name
 from mlflow_hvd.errors import DataInputError
 from mlflow_hvd.protocol.feed import ShardFile
-from mlflow_hvd.rank.passes import Pass
+from mlflow_hvd.rank.passes import Pass, window_rows
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -49,7 +49,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, file: ShardFile, batch_size: int, names: list[str], label: str | None,
-                 steps: int, shuffle: bool, seed: int, window: int, start_epoch: int,
+                 steps: int, shuffle: bool, seed: int, window: int | None, start_epoch: int,
                  transform: Transform | None, rank: int) -> None:
         super().__init__()
         self.file, self.batch_size, self.names, self.label = file, batch_size, names, label
@@ -92,7 +92,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
         read = [*self.names, *([self.label] if self.label else [])]
         one_pass = Pass(self.file.path, self.file.rows, read, dict(self.file.widths),
                          self.batch_size, self.steps, rng,
-                         max(self.window, self.batch_size) if self.shuffle else self.batch_size)
+                         window_rows(self.file.path, self.file.written, self.window,
+                                     self.batch_size, self.shuffle))
         index = 0
         for group in one_pass.groups():
             count = len(group[read[0]])

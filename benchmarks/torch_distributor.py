@@ -203,6 +203,12 @@ def throughput(spark: Any, rounds: int, steps: int, specs: list[str]) -> None:
             np=2, spark=spark, tracking=off).run(hvd_train, steps=steps),
     }
     for spec in specs:  # Horovod's knobs, as horovodrun's flags set them, and the optimizer's
+        if spec == "horovod.spark.run":  # the same function launched by Horovod's own runner
+            import horovod.spark
+
+            arms["Horovod under horovod.spark.run"] = lambda: horovod.spark.run(
+                hvd_train, args=(steps,), num_proc=2, use_gloo=True, verbose=0)[0]
+            continue
         options, groups = parse_arm(spec)  # groups= (one allreduce group per N tensors)
         arms[f"Horovod {spec}"] = lambda o=options, g=groups: HorovodRunner(
             np=2, spark=spark, tracking=off, horovod=HorovodOptions(**o)).run(
@@ -225,7 +231,8 @@ def main() -> None:
     parser.add_argument("--part", choices=("all", "launch", "throughput"), default="all")
     parser.add_argument("--arm", action="append", default=[],
                         help="also a Horovod arm with these settings, e.g. cycle=2 (ms), "
-                             "fusion=0 (MB), groups=1 (DistributedOptimizer's); repeatable")
+                             "fusion=0 (MB), groups=1 (DistributedOptimizer's), or "
+                             "horovod.spark.run (Horovod's own launcher); repeatable")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession

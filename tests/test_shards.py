@@ -4,6 +4,7 @@ tf.data, torch)."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from pathlib import Path
@@ -125,6 +126,37 @@ def test_the_default_window_is_bounded_by_bytes_as_well_as_rows(
     assert passes.window_rows(path, written, None, 50, True) == passes.WINDOW_ROWS
     assert passes.window_rows(path, written, 10, 50, True) == 50
     assert passes.window_rows(path, written, None, 50, False) == 50
+
+
+def mapped_kib(path: str) -> int:
+    """This process's resident KiB of its memory maps of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's first line
+            inside = head[-1] == path
+        elif inside and head[0] == "Rss:":
+            total += int(head[1])
+    return total
+
+
+def test_a_window_holds_no_file_pages_while_its_batches_are_consumed(tmp_path: Path) -> None:
+    """A shuffled window's rows are copies: the shard file's pages under them are handed
+    back before its batches are yielded, so a rank holds a window once, not twice (wide
+    rows: ~32 MiB of images less per rank)."""
+    shard = fed(tmp_path, [3000, 3000], per_batch=250)[0]
+    path = shard._file.path
+    with open(path, "rb") as f:  # the measure sees a map's pages
+        seen = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    _ = seen[:].count(b"x")
+    assert mapped_kib(path) > 0
+    seen.close()
+    groups = shard._pass(50, None, True, 7, 0, 500).groups()
+    first = next(groups)
+    assert mapped_kib(path) == 0
+    rows = [int(i) for b in first["id"] for i in b]  # a group is valid until the next one
+    rows += [int(i) for group in groups for b in group["id"] for i in b]
+    assert sorted(rows) == list(range(3000))  # and every row still arrives
 
 
 def test_two_arguments_in_one_stage_each_get_their_own_file(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -82,10 +82,10 @@ class Pass:
             pending.append(self._arrays(reader.get_batch(int(index)).slice(0, keep)))
             pending_rows += keep
             if pending_rows >= self.window:
-                yield from self._emit(pending, final=False)
+                yield from self._emit(pending, final=False, merged=lambda: release(mapped))
                 pending_rows = len(next(iter(pending[0].values()))) if pending else 0
                 release(mapped)
-        yield from self._emit(pending, final=True)
+        yield from self._emit(pending, final=True, merged=lambda: release(mapped))
         release(mapped)
 
     def _arrays(self, batch: Any) -> dict[str, np.ndarray]:
@@ -99,36 +99,41 @@ class Pass:
                 out[name] = column.to_numpy(zero_copy_only=False)
         return out
 
-    def _emit(self, pending: list[dict[str, np.ndarray]], final: bool
-              ) -> Iterator[dict[str, np.ndarray]]:
+    def _emit(self, pending: list[dict[str, np.ndarray]], final: bool,
+              merged: Callable[[], None]) -> Iterator[dict[str, np.ndarray]]:
         """The full batches of the pending arrays (shuffled together), as one group; the
-        rows short of a batch stay pending (or, at the end of the pass, are left out)."""
+        rows short of a batch stay pending (or, at the end of the pass, are left out).
+        ``merged`` is called once the group holds copies of the rows, before it is yielded:
+        the file's pages under them are not needed while the group is consumed."""
         if not pending:
             return
         total = sum(len(p[self.names[0]]) for p in pending)
         places = self.rng.permutation(total) if self.rng is not None else None
-        merged = {}
+        in_file = places is None and len(pending) == 1  # in file order: the rows as mapped
+        merged_rows = {}
         for n in self.names:
             first = pending[0][n]
-            if places is None and len(pending) == 1:  # in file order: the rows as mapped
-                merged[n] = first
+            if in_file:
+                merged_rows[n] = first
                 continue
-            merged[n] = self._target(n, (total, *first.shape[1:]), first.dtype)
+            merged_rows[n] = self._target(n, (total, *first.shape[1:]), first.dtype)
             if places is None:
-                np.concatenate([p[n] for p in pending], out=merged[n])
+                np.concatenate([p[n] for p in pending], out=merged_rows[n])
                 continue
             start = 0  # one copy: each row lands at its place in the permuted window
             for p in pending:
-                merged[n][places[start:start + len(p[n])]] = p[n]
+                merged_rows[n][places[start:start + len(p[n])]] = p[n]
                 start += len(p[n])
-        total = len(merged[self.names[0]])
+        total = len(merged_rows[self.names[0]])
         full = total - total % self.batch_size
-        if full:
-            yield {n: a[:full].reshape(-1, self.batch_size, *a.shape[1:])
-                   for n, a in merged.items()}
         pending.clear()
         if full < total and not final:
-            pending.append({n: a[full:].copy() for n, a in merged.items()})
+            pending.append({n: a[full:].copy() for n, a in merged_rows.items()})
+        if not in_file:
+            merged()
+        if full:
+            yield {n: a[:full].reshape(-1, self.batch_size, *a.shape[1:])
+                   for n, a in merged_rows.items()}
 
 
 def release(mapped: mmap.mmap) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -82,11 +82,9 @@ class Pass:
             pending.append(self._arrays(reader.get_batch(int(index)).slice(0, keep)))
             pending_rows += keep
             if pending_rows >= self.window:
-                yield from self._emit(pending, final=False, merged=lambda: release(mapped))
+                yield from self._emit(pending, False, mapped)
                 pending_rows = len(next(iter(pending[0].values()))) if pending else 0
-                release(mapped)
-        yield from self._emit(pending, final=True, merged=lambda: release(mapped))
-        release(mapped)
+        yield from self._emit(pending, True, mapped)
 
     def _arrays(self, batch: Any) -> dict[str, np.ndarray]:
         out = {}
@@ -100,11 +98,11 @@ class Pass:
         return out
 
     def _emit(self, pending: list[dict[str, np.ndarray]], final: bool,
-              merged: Callable[[], None]) -> Iterator[dict[str, np.ndarray]]:
+              mapped: mmap.mmap) -> Iterator[dict[str, np.ndarray]]:
         """The full batches of the pending arrays (shuffled together), as one group; the
         rows short of a batch stay pending (or, at the end of the pass, are left out).
-        ``merged`` is called once the group holds copies of the rows, before it is yielded:
-        the file's pages under them are not needed while the group is consumed."""
+        The pages of ``mapped`` are handed back once the group holds copies of the rows,
+        before it is yielded (a group of rows in file order is the mapped rows: after it)."""
         if not pending:
             return
         total = sum(len(p[self.names[0]]) for p in pending)
@@ -130,10 +128,12 @@ class Pass:
         if full < total and not final:
             pending.append({n: a[full:].copy() for n, a in merged_rows.items()})
         if not in_file:
-            merged()
+            release(mapped)
         if full:
             yield {n: a[:full].reshape(-1, self.batch_size, *a.shape[1:])
                    for n, a in merged_rows.items()}
+        if in_file:
+            release(mapped)
 
 
 def release(mapped: mmap.mmap) -> None:

@@ -18,11 +18,14 @@
 # exit code and start and end times there; `--after FILE`: starts them once FILE exists, for
 # a caller that prepares the environment early and runs the tests when cores are idle).
 #
+# PREP_NICE=N runs steps 1-3 at that niceness (`make test` gives 10: they run beside the
+# main environment's set-up and tiers, which come first; the tests run at the caller's).
+#
 # Step 1's environment depends on the lock alone: it lives outside the checkout, in the cache
 # (like Horovod's wheels; $MLFLOW_HVD_CACHE/venvs/<end>-end-<digest of the lock and Python>),
-# so a new clone on the same machine reuses it; the two most recently used of each end are
-# kept. `.venv-<end>-end` in the checkout links to it; <END>_END_VENV=<dir> (OLD_END_VENV,
-# NEW_END_VENV) uses that directory instead. Steps 2-3 run again whenever the checkout or
+# so a new clone on the same machine reuses it; another lock's environment is removed first,
+# unless a run used it in the last two hours. `.venv-<end>-end` in the checkout links to it;
+# <END>_END_VENV=<dir> (OLD_END_VENV, NEW_END_VENV) uses that directory instead. Steps 2-3 run again whenever the checkout or
 # pyproject.toml differ from the last run's.
 set -euo pipefail
 
@@ -50,6 +53,8 @@ AFTER_WAIT=7200
 if [ "${1:-}" = "--after" ]; then AFTER="$2"; shift 2; fi
 
 die() { echo "$NAME: $*" >&2; exit 1; }
+PREP=()
+[ -z "${PREP_NICE:-}" ] || PREP=(nice -n "$PREP_NICE")
 
 find_python() {
   if [ -n "$CUSTOM_PYTHON" ]; then echo "$CUSTOM_PYTHON"; return; fi
@@ -87,32 +92,35 @@ flock -w 1800 9 || die "another run held $VENV.lock for 30 minutes"
 
 PY="$VENV/bin/python"
 ENV_STAMP="$VENV/.mlflow_hvd-$NAME-env"
+# The environments of other locks (this end's earlier versions: up to 8 GB each) go before
+# this one is built, unless another run used one in the last two hours (a CI run of
+# another branch on this machine; a run takes at most 90 minutes)
+if [ -z "$CUSTOM_VENV" ]; then
+  for stale in "$CACHE_ROOT"/venvs/"$NAME"-*/.mlflow_hvd-"$NAME"-env; do
+    old="$(dirname "$stale")"
+    [ -e "$stale" ] && [ "$old" != "$VENV" ] || continue
+    [ -n "$(find "$stale" -mmin -120)" ] && continue
+    echo "$NAME: removing $old, the environment of another lock ($(du -sh "$old" | cut -f1))"
+    rm -rf "$old" "$old.lock"
+  done
+fi
 if [ ! -f "$ENV_STAMP" ] || [ "$(cat "$ENV_STAMP")" != "$ENV_KEY" ]; then
   rm -rf "$VENV"
   echo "$NAME: creating $VENV with $PYTHON"
   "$PYTHON" -m venv "$VENV"
   "$PY" -m pip install --quiet --upgrade "pip>=24"
-  "$PY" -m pip install --quiet --require-hashes -r "$LOCK"
+  "${PREP[@]}" "$PY" -m pip install --quiet --require-hashes -r "$LOCK"
   echo "$ENV_KEY" > "$ENV_STAMP"
 else
   echo "$NAME: reusing $VENV (the lock's environment)"
 fi
-touch "$ENV_STAMP"  # most recently used: kept by the pruning below
-# the two most recently used environments stay; older ones (older locks) go
-if [ -z "$CUSTOM_VENV" ]; then
-  ls -dt "$CACHE_ROOT"/venvs/"$NAME"-*/.mlflow_hvd-"$NAME"-env 2>/dev/null | tail -n +3 \
-    | while read -r stale; do
-        old="$(dirname "$stale")"
-        echo "$NAME: removing the unused environment $old"
-        rm -rf "$old" "$old.lock"
-      done
-fi
+touch "$ENV_STAMP"  # in use: kept by the pruning above, in other runs
 
 STAMP="$VENV/.mlflow_hvd-$NAME"
 KEY="$( (echo "$ROOT"; cat "$LOCK" "$ROOT/pyproject.toml" "$0") | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$KEY" ]; then
   before="$("$PY" -m pip freeze --exclude-editable | grep -iv '^mlflow[-_]hvd' | sort)"
-  "$PY" -m pip install --quiet -e "$ROOT[$EXTRAS]"
+  "${PREP[@]}" "$PY" -m pip install --quiet -e "$ROOT[$EXTRAS]"
   after="$("$PY" -m pip freeze --exclude-editable | grep -iv '^mlflow[-_]hvd' | sort)"
   if [ "$before" != "$after" ]; then
     diff <(echo "$before") <(echo "$after") >&2 || true
@@ -122,7 +130,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$KEY" ]; then
   echo "$NAME: mlflow_hvd installed; the environment's $(echo "$after" | wc -l) packages are unchanged"
   echo "$KEY" > "$STAMP"
 fi
-"$PY" -m mlflow_hvd.cli.horovod
+"${PREP[@]}" "$PY" -m mlflow_hvd.cli.horovod
 "$PY" -c "import sys, mlflow, pyspark, tensorflow as tf, keras; print('$NAME: Python %d.%d.%d' % sys.version_info[:3], 'TensorFlow', tf.__version__, 'Keras', keras.__version__, 'pyspark', pyspark.__version__, 'MLflow', mlflow.__version__)" 2>/dev/null
 [ "$PREPARE_ONLY" = 1 ] && exit 0
 flock -u 9
@@ -138,5 +146,6 @@ cd "$ROOT"
 started=$(date +%s)
 rc=0
 MLFLOW_HVD_TIER="$NAME" "$PY" -m pytest -ra -m "${END}_end" "$@" || rc=$?
+touch "$ENV_STAMP"  # used until now
 [ -z "$STATUS" ] || echo "$rc $started $(date +%s)" > "$STATUS"
 exit $rc

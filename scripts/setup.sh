@@ -86,6 +86,12 @@ fi
   "${UV_ARGS[@]}" \
   -r "$ROOT/requirements/lock-py3.11.txt" -r "$ROOT/requirements/lock-dev-py3.11.txt"
 "$PY" -m pip install --quiet --no-deps -e "$ROOT"
+# uv's cache grows with every install (24 GB seen on a machine that had run many locks):
+# its dangling entries go (on a new machine, 478 MiB of build environments of the sdists it
+# compiled); the wheels this lock installed stay, so the next clone installs in seconds.
+# A cache another uv is using is left alone.
+timeout 120 "$VENV/bin/uv" cache prune --quiet \
+  || echo "setup: warning: 'uv cache prune' did not finish (another uv holds the cache); nothing was removed" >&2
 # Horovod: built from its hash-checked sdist against the TensorFlow and PyTorch above, once
 # per Horovod/TensorFlow/PyTorch/Python/CPU, and cached under $CACHE_ROOT/wheels
 # (mlflow_hvd/cli/horovod.py)

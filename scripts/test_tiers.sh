@@ -38,8 +38,33 @@ START=$(date +%s)
 END_PIDS=()
 BESIDE_PID=""
 STATIC_PID=""
+DISK_PID=""
 
 clock() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
+
+# Disk: the run's peak use, printed in the summary (a cold run fills the cache with
+# environments of several GB; a full disk once ended a run). Every 5 s, the bytes used and
+# the least free over the file systems of the checkout, the cache and TMPDIR (each counted
+# once): "<epoch> <used> <free>" lines in disk.txt.
+DISK_LOG="$LOGS/disk.txt"
+disk_sample() {
+  local cache="${MLFLOW_HVD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlflow_hvd}"
+  while [ ! -e "$cache" ]; do cache="$(dirname "$cache")"; done
+  df -B1 --output=source,used,avail "$ROOT" "$cache" "${TMPDIR:-/tmp}" | tail -n +2 | sort -u \
+    | awk '{used += $2; if (free == "" || $3 < free) free = $3} END {printf "%.0f %.0f\n", used, free}'
+}
+disk_watch() {
+  while :; do echo "$(date +%s) $(disk_sample)"; sleep 5; done
+}
+disk_summary() {
+  [ -s "$DISK_LOG" ] || return 0
+  awk -v start="$START" 'NR == 1 {base = $2; low = $3}
+    $2 > peak {peak = $2; at = $1}
+    $3 < low {low = $3}
+    END {printf "disk: peak %.1f GB used, %+.1f GB over the start (at %d:%02d); least free %.1f GB\n",
+         peak / 1e9, (peak - base) / 1e9, (at - start) / 60, (at - start) % 60, low / 1e9}' \
+    "$DISK_LOG"
+}
 
 summary() {
   echo
@@ -47,6 +72,7 @@ summary() {
   echo
   echo "== tier wall times =="
   for line in "${SUMMARY[@]}"; do echo "  $line"; done
+  echo "  $(disk_summary)"
   echo "  total ${TOTAL_STATUS:-interrupted} $(clock $(($(date +%s) - START)))"
 }
 
@@ -55,6 +81,7 @@ finish() {
   for pid in "${END_PIDS[@]}"; do [ -n "$pid" ] && kill -- "-$pid" 2>/dev/null; done
   [ -n "$BESIDE_PID" ] && kill -- "-$BESIDE_PID" 2>/dev/null
   [ -n "$STATIC_PID" ] && kill -- "-$STATIC_PID" 2>/dev/null
+  [ -n "$DISK_PID" ] && kill "$DISK_PID" 2>/dev/null
   summary
 }
 
@@ -131,7 +158,9 @@ background_wait() {
 }
 
 # The ends' tiers run beside the others from the start: each environment is built (or found
-# in the cache) while the main one is set up, then its tests run beside the static and fast
+# in the cache) while the main one is set up, at a lower priority (niceness 10: on a new
+# machine three Horovod builds would otherwise share the cores equally, and the main one
+# holds up every tier), then its tests run beside the static and fast
 # tiers (its own interpreter, Spark sessions and servers; its rank checks see only its own
 # interpreter's ranks). The old end also uses the namespace cluster, so the cluster tier waits
 # for it. Its wall time here is the wait; the time its tests took is printed below it.
@@ -140,7 +169,7 @@ start_end() {  # start_end END [--after FILE]: its tests wait for FILE
   local end="$1" name="$1-end"
   shift
   rm -f "$LOGS/$name.status" "$LOGS/$name.xml"
-  setsid bash scripts/end_tier.sh "$end" --status "$LOGS/$name.status" "$@" \
+  PREP_NICE=10 setsid bash scripts/end_tier.sh "$end" --status "$LOGS/$name.status" "$@" \
     --junitxml="$LOGS/$name.xml" -o junit_duration_report=total "${EXTRA[@]}" \
     > "$LOGS/$name.log" 2>&1 &
   END_PID[$end]=$!
@@ -177,6 +206,9 @@ if [ "${1:-}" = "--tier" ]; then
   exit $rc
 fi
 trap finish EXIT
+rm -f "$DISK_LOG"
+disk_watch > "$DISK_LOG" 2>/dev/null &
+DISK_PID=$!
 
 # the old end's tests run from the start (they use the namespace cluster, so the cluster
 # tier waits for them); the new end's wait for the cluster tier, whose namespace cluster

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -36,6 +37,21 @@ def test_check_loads_horovod_as_a_rank_does_and_reports_gloo() -> None:
     assert proc.stdout.strip().splitlines()[-1] == (
         f"Horovod 0.28.1 with Gloo and TensorFlow {horovod.target().tensorflow}"
         + (f" and PyTorch {torch}" if torch else ""))
+
+
+def test_the_installed_extensions_are_optimised_and_carry_no_debug_information() -> None:
+    """The no-debug-info patch reached the compiler: no DWARF section in either extension
+    (a RelWithDebInfo build as released has .debug_info in both)."""
+    from mlflow_hvd.common import compat
+
+    extensions = [compat.horovod_tensorflow_extension(), compat.horovod_torch_extension()]
+    assert all(extensions), extensions
+    for extension in extensions:
+        sections = subprocess.run(["readelf", "--section-headers", "--wide", str(extension)],
+                                  capture_output=True, text=True, timeout=60, check=True).stdout
+        names = re.findall(r"\]\s+(\.\S+)", sections)
+        assert ".text" in names and ".dynsym" in names, sections[:2000]
+        assert not [n for n in names if n.startswith(".debug")], (extension, names)
 
 
 @pytest.mark.beside  # horovodrun's own check: ~25 s of imports in its own processes
@@ -89,9 +105,8 @@ def test_each_versions_patches_apply_to_the_released_sdist_and_change_only_their
         tmp_path_factory: pytest.TempPathFactory, tensorflow: str, torch: str, for_cpu: bool,
         names: list[str]) -> None:
     patches = horovod_patches.needed(horovod_patches.Build(tensorflow, torch, for_cpu))
+    names = [*names, "no-debug-info"]  # every build
     assert [p.name for p in patches] == names
-    if not patches:  # the build compiles the sdist as released
-        return
     key = tuple(names)
     if key not in patched_trees:  # versions that need the same patches share one tree
         out = tmp_path_factory.mktemp("patched")
@@ -122,6 +137,13 @@ def test_each_versions_patches_apply_to_the_released_sdist_and_change_only_their
     if "torch-cpu" in names:  # FindPytorch sees a CPU build of PyTorch
         assert changed[("cmake/Modules/FindPytorch.cmake", 25)][1] == (
             'execute_process(COMMAND ${PY_EXE} -c "print(False)"')
+    # RelWithDebInfo's flags without -g, for C, C++ and CUDA: -O3 -DNDEBUG
+    for line, lang in ((89, "C"), (90, "CXX"), (91, "CUDA")):
+        assert changed[("CMakeLists.txt", line)] == (
+            f'string(REPLACE "-O2" "-O3" CMAKE_{lang}_FLAGS_RELWITHDEBINFO '
+            f'"${{CMAKE_{lang}_FLAGS_RELWITHDEBINFO}}")',
+            f'string(REPLACE "-O2 -g" "-O3" CMAKE_{lang}_FLAGS_RELWITHDEBINFO '
+            f'"${{CMAKE_{lang}_FLAGS_RELWITHDEBINFO}}")')
 
 
 def test_a_patch_refuses_a_source_it_was_not_written_for(sdist: Path, tmp_path: Path) -> None:
@@ -153,6 +175,46 @@ def test_the_cache_key_names_both_frameworks_and_the_patches() -> None:
                             "cxx17,xla-ops")
     assert [p.name for p in newest.patch_set()] == ["cxx17", "xla-ops"]
     assert newest.name.rsplit("-p", 1)[1] != both.name.rsplit("-p", 1)[1]
+
+
+def _cached(root: Path, t: horovod.Target, tag: str = "cp311-cp311") -> Path:
+    """A wheel in the cache as a build leaves it: its directory, named for its target, with
+    the target recorded beside it."""
+    directory = root / t.name
+    directory.mkdir(parents=True)
+    wheel = directory / f"horovod-0.28.1-{tag}-linux_x86_64.whl"
+    wheel.write_bytes(b"")
+    (directory / horovod.TARGET_FILE).write_text(json.dumps(
+        {"horovod": t.horovod, "tensorflow": t.tensorflow, "python": t.python, "cpu": t.cpu,
+         "torch": t.torch, "patches": t.patches}))
+    return wheel
+
+
+def test_an_environment_without_pytorch_takes_a_wheel_built_with_pytorch_as_well(
+        tmp_path: Path) -> None:
+    """The quickstart's venv (TensorFlow only) on a machine whose main environment built
+    Horovod against the same TensorFlow, Python and CPU with PyTorch too: no second build."""
+    both = horovod.Target("0.28.1", "2.21.0", "3.11", "x86_64-abc", "2.13.0+cpu",
+                          "cxx17,xla-ops")
+    wheel = _cached(tmp_path, both)
+    _cached(tmp_path, horovod.Target("0.28.1", "2.20.0", "3.11", "x86_64-abc", "2.13.0+cpu",
+                                     "cxx17,xla-ops"))
+    _cached(tmp_path, horovod.Target("0.28.1", "2.21.0", "3.13", "x86_64-abc", "2.14.1",
+                                     "cxx20,torch-cpu,xla-ops"), tag="cp313-cp313")
+    (tmp_path / "horovod-being-built.x1y2").mkdir()  # a build in progress: nothing recorded
+    tf_only = horovod.Target("0.28.1", "2.21.0", "3.11", "x86_64-abc", "", "xla-ops")
+    assert horovod.serving_wheel(tf_only, tmp_path) == wheel
+    # another TensorFlow, Python or CPU: none
+    for other in (horovod.Target("0.28.1", "2.19.1", "3.11", "x86_64-abc", "", "xla-ops"),
+                  horovod.Target("0.28.1", "2.21.0", "3.12", "x86_64-abc", "", "xla-ops"),
+                  horovod.Target("0.28.1", "2.21.0", "3.11", "x86_64-def", "", "xla-ops")):
+        assert horovod.serving_wheel(other, tmp_path) is None, other
+    # an environment with PyTorch needs a wheel built against that PyTorch: never another's
+    assert horovod.serving_wheel(both, tmp_path) is None
+    tf_only_wheel = _cached(tmp_path / "only", tf_only)
+    assert horovod.serving_wheel(both, tmp_path / "only") is None
+    assert horovod.serving_wheel(tf_only, tmp_path / "only") is None  # its own: by its name
+    assert tf_only_wheel.parent.name == tf_only.name
 
 
 def test_a_tensorflow_outside_the_range_is_refused_before_any_build(tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ HOROVOD_WITHOUT_MXNET=1`` and ``HOROVOD_WITH_PYTORCH=1`` where PyTorch is instal
 (``HOROVOD_WITHOUT_PYTORCH=1`` elsewhere): Gloo is what the runner drives, no MPI.
 
 Horovod 0.28.1 is the last release and predates today's frameworks: the source is changed
-before the build where a framework needs it, each line checked first (the patches, their
-conditions and reasons: :mod:`mlflow_hvd.cli.horovod_patches`). A TensorFlow-only build
-against TensorFlow <= 2.18 is Horovod's sdist unchanged.
+before the build where a framework needs it, and built without debug information, each
+line checked first (the patches, their conditions and reasons:
+:mod:`mlflow_hvd.cli.horovod_patches`).
 
 A marker in the environment records what was installed, so a check of an unchanged
 environment imports nothing and takes a fraction of a second.
@@ -137,6 +137,34 @@ def cache_root() -> Path:
     return cache.cache_root() / "wheels"
 
 
+TARGET_FILE = "target.json"  # beside each cached wheel: the Target it was built for
+
+
+def serving_wheel(t: Target, root: Path) -> Path | None:
+    """A cached wheel built for another target that serves an environment of ``t``: for
+    an environment without PyTorch, a wheel built against the same Horovod, TensorFlow,
+    Python and CPU with PyTorch as well (its TensorFlow extension is the one such a build
+    makes; its PyTorch extension is never loaded there, and an environment that installs
+    PyTorch later is a new target, built for it). None when there is none, or ``t`` has
+    PyTorch (its extension must match that PyTorch exactly)."""
+    if t.torch:
+        return None
+    found = []
+    for recorded in root.glob(f"*/{TARGET_FILE}"):
+        try:
+            other = Target(**json.loads(recorded.read_text()))
+            wheel = wheel_in(recorded.parent)
+        except (OSError, ValueError, TypeError, InstallError):
+            continue  # a wheel being built, or from another version of this module
+        same = (other.horovod, other.tensorflow, other.python, other.cpu) == (
+            t.horovod, t.tensorflow, t.python, t.cpu)
+        # patches that do not depend on PyTorch: those of a TensorFlow-only build
+        tensorflow_patches = {p.name for p in other.patch_set() if not p.with_torch}
+        if same and other.torch and tensorflow_patches == {p.name for p in t.patch_set()}:
+            found.append((recorded.stat().st_mtime, wheel))
+    return max(found)[1] if found else None
+
+
 def _marker() -> Path:
     return Path(sys.prefix) / MARKER
 
@@ -188,6 +216,7 @@ def build_wheel(t: Target, dest: Path) -> Path:
         _pip("wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
              "-w", str(work / "wheel"), str(sdist), env=env, timeout=BUILD_TIMEOUT)
         check_wheel(wheel_in(work / "wheel"), t)
+        (work / "wheel" / TARGET_FILE).write_text(json.dumps(asdict(t)))
         (work / "wheel").rename(dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -271,7 +300,12 @@ def ensure(rebuild: bool = False) -> tuple[bool, str]:
         return False, f"Horovod {t.horovod} for {t.frameworks()} is installed ({_marker()})"
     started = time.monotonic()
     directory = cache_root() / t.name
-    if rebuild or not directory.is_dir():
+    serving = None if rebuild or directory.is_dir() else serving_wheel(t, cache_root())
+    if serving is not None:
+        wheel, directory = serving, serving.parent
+        how = (f"reused {wheel} (built with PyTorch as well: its TensorFlow extension "
+               "serves this environment)")
+    elif rebuild or not directory.is_dir():
         if directory.is_dir():
             shutil.rmtree(directory)
         wheel = build_wheel(t, directory)
@@ -284,6 +318,8 @@ def ensure(rebuild: bool = False) -> tuple[bool, str]:
     try:
         report = verify(torch=bool(t.torch))
     except InstallError:
+        if serving is not None:  # another target's wheel, which its own environment loads
+            return ensure(rebuild=True)  # so this one gets a wheel of its own
         shutil.rmtree(directory, ignore_errors=True)  # not reused: the next run builds again
         raise
     _marker().write_text(json.dumps(asdict(t)))

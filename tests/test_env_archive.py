@@ -151,6 +151,12 @@ def test_the_driver_reads_what_an_archive_needs_and_a_host_names_what_it_lacks(
         assert tar.next().name == FINGERPRINT_FILE  # type: ignore[union-attr]
     needs = fingerprint_of_archive(archive)
     assert needs is not None and needs.base_python == BASE
+    with tarfile.open(archive) as tar:  # the space unpacking takes: its files, as recorded
+        files = [m for m in tar.getmembers() if m.isfile() and m.name != FINGERPRINT_FILE]
+    unpacked = sum(m.size for m in files)
+    # counted before packing: venv-pack rewrites the venv's path in its scripts on the way
+    assert unpacked > 0 and abs(needs.unpacked_bytes - unpacked) < unpacked / 1000, (
+        needs.unpacked_bytes, unpacked)
     assert shipped_archive(f"a.zip#other, file:{archive}#environment") == archive
     assert shipped_archive("a.zip#other") is None
     plain = tmp_path / "plain.tar.gz"
@@ -232,9 +238,13 @@ class _FakeContext:
     its tasks answer (or that they never answer) is given."""
 
     def __init__(self, answers: list[tuple[str, list[str]]] | Exception | None) -> None:
+        from types import SimpleNamespace
+
         self.applicationId = f"app-{id(self)}"
         self.answers, self.cancelled, self.stages = answers, [], 0
         self.release = threading.Event()
+        self.jvm_stopped = False  # the JVM's SparkContext.isStopped
+        self._jsc = SimpleNamespace(sc=lambda: SimpleNamespace(isStopped=lambda: self.jvm_stopped))
 
     def setJobGroup(self, group: str, description: str, interruptOnCancel: bool) -> None:
         self.group = group
@@ -265,6 +275,27 @@ def _classic(context: _FakeContext) -> object:
     from mlflow_hvd.backends.spark.api import ClassicApi
 
     return ClassicApi(SimpleNamespace(sparkContext=context))
+
+
+def test_a_context_spark_stopped_itself_is_not_cancelled_and_hides_no_error() -> None:
+    """A standalone master that removes the application (its executors could not start)
+    stops the JVM's context; cancelling the job's group there raised IllegalStateException
+    in the backend's clean-up, in place of the error that ended the job."""
+    live = _FakeContext([])
+    api = _classic(live)
+    assert not api.stopped()
+    api.cancel("job-1")
+    assert live.cancelled == ["job-1"]
+
+    def refuse(group: str) -> None:
+        raise RuntimeError("Cannot call methods on a stopped SparkContext.")
+
+    ended = _FakeContext([])
+    ended.jvm_stopped = True
+    ended.cancelJobGroup = refuse  # type: ignore[method-assign]
+    api = _classic(ended)
+    assert api.stopped()
+    api.cancel("job-1")  # nothing left to cancel, nothing raised
 
 
 def test_executors_unpack_a_shipped_environment_once_under_its_own_deadline() -> None:
@@ -320,3 +351,110 @@ def test_the_compression_level_comes_from_the_environment_and_is_checked(
         with pytest.raises(EnvironmentArchiveError, match=(
                 rf"^{COMPRESS_ENV}='{re.escape(bad)}': must be a gzip level from 0 to 9")):
             compress_level_setting()
+
+
+def _archive_of_zeros(path: Path, unpacked: int, recorded: int | None = None) -> Path:
+    """An archive as pack_env writes one (its fingerprint first, recording the space it
+    takes unpacked, or ``recorded``) holding ``unpacked`` bytes of zeros: kilobytes on
+    disk."""
+    import io
+
+    from mlflow_hvd.common.environment import current
+
+    record = dataclasses.replace(current(with_packages=False), unpacked_bytes=(
+        unpacked if recorded is None else recorded)).dumps()
+    with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+        info = tarfile.TarInfo(FINGERPRINT_FILE)
+        info.size = len(record.encode())
+        tar.addfile(info, io.BytesIO(record.encode()))
+        zeros = tarfile.TarInfo("zeros.bin")
+        zeros.size = unpacked
+        tar.addfile(zeros, io.BytesIO(bytes(unpacked)))
+    return path
+
+
+def test_a_driver_without_room_to_unpack_the_shipped_environment_is_refused_at_once(
+        tmp_path: Path) -> None:
+    from mlflow_hvd.backends.spark.boot import check_room_to_unpack
+
+    free = shutil.disk_usage(tmp_path).free
+    fits = _archive_of_zeros(tmp_path / "fits.tar.gz", 1 << 20)
+    check_room_to_unpack(str(fits), str(tmp_path))
+    check_room_to_unpack(str(fits), str(tmp_path / "not-yet"))  # Spark makes it
+    # what the archive records, not its bytes, is compared: a record larger than the disk
+    huge = _archive_of_zeros(tmp_path / "huge.tar.gz", 1 << 20, recorded=free * 2)
+    with pytest.raises(EnvironmentArchiveError) as info:
+        check_room_to_unpack(str(huge), str(tmp_path))
+    text = str(info.value)
+    assert text.startswith(
+        f"the environment shipped to the executors ({huge}) takes {free * 2 / 1e9:.2f} GB "
+        f"unpacked, and Spark unpacks it on the driver too, in {tmp_path}, where "), text
+    assert text.endswith(" GB there, or point SPARK_LOCAL_DIRS at a disk with room"), text
+    assert re.search(r"where \d+\.\d\d GB are free: free \d+\.\d\d GB there", text), text
+    plain = tmp_path / "plain.tar.gz"  # not packed by mlflow_hvd: nothing recorded, unchecked
+    with tarfile.open(plain, "w:gz") as tar:
+        tar.add(__file__, arcname="x.py")
+    check_room_to_unpack(str(plain), str(tmp_path))
+
+
+@pytest.mark.slow  # a standalone master and worker of its own (~20 s)
+@pytest.mark.timeout(240)  # a hang until environment_timeout (600 s) fails here
+def test_a_worker_without_room_for_the_shipped_environment_fails_the_job_at_once_naming_it(
+        tmp_path: Path) -> None:
+    """A standalone worker unpacks spark.archives for each new executor; on a full disk the
+    executor never starts, the master gives up on the application, and Spark says only
+    'Master removed our application: FAILED'. The job's error names the host, tar's words
+    and the space the environment needs, long before environment_timeout."""
+    from services import (
+        alive_workers,
+        free_port,
+        spark_class,
+        start,
+        start_spark_master,
+        stop_group,
+        wait_until,
+    )
+
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("a worker's small disk is a tmpfs mounted by the test: run as root")
+        pytest.skip("mounts a tmpfs: needs root")  # local runs only
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(work)], check=True,
+                   timeout=30)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        archive = _archive_of_zeros(tmp_path / "env.tar.gz", 48 << 20)
+        master, url, ui = start_spark_master("127.0.0.1", tmp_path)
+        procs.append(master)
+        procs.append(start([spark_class(), "org.apache.spark.deploy.worker.Worker", url,
+                            "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+                            "--work-dir", str(work), "--webui-port", str(free_port())],
+                           tmp_path / "worker.log"))
+        wait_until(lambda: alive_workers(ui), 60, "the standalone worker", procs[-1])
+        script = f"""
+from mlflow_hvd import HorovodRunner
+from mlflow_hvd.common.config import ClusterConfig, TrackingConfig
+try:
+    HorovodRunner(np=1, cluster=ClusterConfig(spark_master={url!r},
+                  ship_environment={str(archive)!r}, environment_timeout=600),
+                  tracking=TrackingConfig(track=False)).run(lambda: 1)
+except Exception as exc:
+    print("ERROR", type(exc).__name__, exc)
+"""
+        env = {**os.environ, "SPARK_LOCAL_DIRS": str(tmp_path / "driver")}
+        done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=200)
+        (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("ERROR ")]
+        assert line.startswith("ERROR BackendError "), line
+        assert "Master removed our application" in line, line
+        assert "Spark could not start executors on 127.0.0.1 (" in line, line
+        assert re.search(r"Wrote only \d+ of \d+ bytes|No space left on device", line), line
+        assert (f"The disk of 127.0.0.1 where Spark unpacks the environment shipped to the "
+                f"executors is full: the environment needs {(48 << 20) / 1e9:.2f} GB there. "
+                "Free that much in the worker's directory for executors") in line, line
+    finally:
+        for proc in reversed(procs):
+            stop_group(proc)
+        subprocess.run(["umount", "--lazy", str(work)], check=False, timeout=30)

@@ -24,6 +24,7 @@ venv-pack does not copy the interpreter: ``bin/python`` stays a link to the base
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import os
 import sys
@@ -189,9 +190,11 @@ def _pack(path: Path, site: str, fingerprint: EnvironmentFingerprint,
     for name, root in sorted(sources.items()):
         files += [venv_pack.File(str(p), os.path.join(site_rel, name, str(p.relative_to(root))))
                   for p in _source_files(root)]
+    # what unpacking takes on each executor's disk (its files; links count as nothing)
+    unpacked = sum(os.lstat(f.source).st_size for f in files if not os.path.islink(f.source))
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         record = Path(tmp) / FINGERPRINT_FILE
-        record.write_text(fingerprint.dumps())
+        record.write_text(dataclasses.replace(fingerprint, unpacked_bytes=unpacked).dumps())
         # first in the archive: the driver reads it without decompressing the rest
         env.files = [venv_pack.File(str(record), FINGERPRINT_FILE), *files]
         partial = Path(tmp) / path.name

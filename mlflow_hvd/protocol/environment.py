@@ -25,6 +25,9 @@ class EnvironmentFingerprint:
         horovod: Horovod's version, or "" when it is not installed.
         extensions: Horovod's framework extensions present (``tensorflow``, ``torch``).
         packages: ``name==version`` of every distribution, sorted.
+        unpacked_bytes: The disk space the archive takes unpacked, counted as it is packed
+            (venv-pack's path rewriting in scripts aside; 0: not known, e.g. an environment
+            described before it is packed).
     """
 
     python: str
@@ -33,6 +36,7 @@ class EnvironmentFingerprint:
     horovod: str
     extensions: tuple[str, ...]
     packages: tuple[str, ...]
+    unpacked_bytes: int = 0
 
     def dumps(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -41,7 +45,8 @@ class EnvironmentFingerprint:
     def loads(cls, text: str) -> EnvironmentFingerprint:
         raw = json.loads(text)
         return cls(raw["python"], raw["platform"], raw["base_python"], raw["horovod"],
-                   tuple(raw["extensions"]), tuple(raw["packages"]))
+                   tuple(raw["extensions"]), tuple(raw["packages"]),
+                   int(raw.get("unpacked_bytes", 0)))
 
     def differences(self, found: EnvironmentFingerprint) -> list[str]:
         """What ``found`` (an executor's) lacks of this one, each as 'what: expected X,

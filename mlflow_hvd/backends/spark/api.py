@@ -12,6 +12,7 @@ ask which kind it drives.
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
 import threading
@@ -24,6 +25,8 @@ from typing import Any
 from mlflow_hvd.backends.spark import private
 from mlflow_hvd.common import network
 from mlflow_hvd.errors import BackendError
+
+log = logging.getLogger(__name__)
 
 PYTHON_CONF = "spark.sql.execution.pyspark.python"  # a session's Python workers' interpreter
 
@@ -97,7 +100,20 @@ class ClassicApi:
         yield
 
     def cancel(self, tag: str) -> None:
-        self._sc.cancelJobGroup(tag)
+        """Cancel ``tag``'s jobs; a stopped context has none left (and would raise, hiding
+        the error that ended the job)."""
+        if not self.stopped():
+            self._sc.cancelJobGroup(tag)
+
+    def removed_executors(self) -> list[tuple[str, str]]:
+        """(host, reason) of every executor Spark removed from this application; read on
+        failure paths, to say more than Spark's error: an unreachable JVM gives none (and
+        says so in the log), never a second error in place of the first."""
+        try:
+            return private.removed_executors(self._sc)
+        except Exception as exc:  # py4j's errors: the JVM is gone
+            log.warning("could not read why Spark removed executors: %s", exc)
+            return []
 
     def parallel_tasks(self, count: int, fn: Any) -> Any:
         """``count`` tasks, each running ``fn(rows)`` over one number of ``range(count)``."""
@@ -200,6 +216,10 @@ class ConnectApi:
 
     def cancel(self, tag: str) -> None:
         self.session.interruptTag(tag)
+
+    def removed_executors(self) -> list[tuple[str, str]]:
+        """Not known to a Connect client: the server's log has them."""
+        return []
 
     def parallel_tasks(self, count: int, fn: Any) -> Any:
         raise NotImplementedError("a Spark Connect session has no RDDs: use DataFrames")

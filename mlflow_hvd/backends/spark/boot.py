@@ -9,6 +9,8 @@ the runner's ``start_timeout`` is an error naming it, not a hang.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
 import threading
 from concurrent.futures import Future
@@ -16,7 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from mlflow_hvd.common.config import ClusterConfig
-from mlflow_hvd.errors import BackendError, ConfigurationError
+from mlflow_hvd.errors import BackendError, ConfigurationError, EnvironmentArchiveError
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,8 @@ class SessionBoot:
         from mlflow_hvd.backends.spark.session import new_session
 
         archive = environment_archive(self.ship_environment, master)
+        if archive is not None:
+            check_room_to_unpack(archive, spark_local_dir())
         self._unpacking = archive is not None
         booting: Future[Any] = Future()
 
@@ -111,6 +115,41 @@ class SessionBoot:
             ) from None
         finally:
             self._booting = None  # after a failure the next run tries again
+
+
+def spark_local_dir() -> str:
+    """Where this driver's Spark will unpack ``spark.archives`` (SparkFiles' directory is
+    made in Spark's first local directory): ``SPARK_LOCAL_DIRS``, else the JVM's temporary
+    directory, ``/tmp`` (``spark.local.dir`` in ``spark-defaults.conf`` is not read here)."""
+    first = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0].strip()
+    return first or "/tmp"
+
+
+def check_room_to_unpack(archive: str, directory: str) -> None:
+    """Refuse to start a session that ships ``archive`` when ``directory`` (where the
+    driver's Spark unpacks it, before the context is up) has less free space than the
+    archive records it takes unpacked (archives packed by mlflow_hvd record it; others are
+    not checked): at once, instead of a failure inside Spark's start-up.
+
+    Raises:
+        EnvironmentArchiveError: Not enough room, naming the space needed and the space free.
+    """
+    from mlflow_hvd.common.env_archive import fingerprint_of_archive
+
+    recorded = fingerprint_of_archive(archive)
+    needed = recorded.unpacked_bytes if recorded is not None else 0
+    if not needed:
+        return
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:  # not there yet: Spark makes it, on the file system of its parent
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(directory)) or "/").free
+    if free < needed:
+        raise EnvironmentArchiveError(
+            f"the environment shipped to the executors ({archive}) takes "
+            f"{needed / 1e9:.2f} GB unpacked, and Spark unpacks it on the driver too, in "
+            f"{directory}, where {free / 1e9:.2f} GB are free: free {(needed - free) / 1e9:.2f} "
+            "GB there, or point SPARK_LOCAL_DIRS at a disk with room")
 
 
 def environment_archive(ship: bool | str, master: str) -> str | None:

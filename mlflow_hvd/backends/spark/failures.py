@@ -41,6 +41,44 @@ def summarize_spark_error(exc: BaseException,
     return f"{type(exc).__name__}: {first}"
 
 
+# what a full disk leaves in an executor's removal reason: the OS's words, or tar's short
+# write when a standalone worker unpacks spark.archives for a new executor
+_DISK_FULL = re.compile(r"No space left on device|Wrote only \d+ of \d+ bytes")
+
+
+def executors_not_started(removed: list[tuple[str, str]],
+                          shipped: EnvironmentFingerprint | None) -> str:
+    """Why Spark could not start executors, from the reasons it recorded when it removed
+    them (``removed``: (host, reason), oldest first), or "" when none failed to start.
+
+    A standalone worker unpacks ``spark.archives`` into a new executor's directory before
+    the executor starts; when that fails the executor is never created, the master retries
+    (``spark.deploy.maxExecutorRetries``) and then removes the application, and the job
+    ends with only "Master removed our application: FAILED". A full disk is named with the
+    space the shipped environment takes unpacked (``shipped``: recorded when it was packed).
+    """
+    failed = [(host, reason) for host, reason in removed
+              if reason.startswith("Unable to create executor")]
+    if not failed:
+        return ""
+    hosts = sorted({host for host, _ in failed})
+    host, reason = failed[-1]
+    said = " ".join(line.strip() for line in reason.splitlines() if line.strip())[:500]
+    text = (f"Spark could not start executors on {', '.join(hosts)} ({len(failed)} "
+            f"tried): {said}")
+    if _DISK_FULL.search(reason):
+        needed = (f" needs {shipped.unpacked_bytes / 1e9:.2f} GB there"
+                  if shipped is not None and shipped.unpacked_bytes else
+                  " did not fit there")
+        text += (
+            f". The disk of {host} where Spark unpacks the environment shipped to the "
+            f"executors is full: the environment{needed}. Free that much in the worker's "
+            "directory for executors (--work-dir or SPARK_WORKER_DIR on a standalone "
+            "worker; the node's local disk on YARN or Kubernetes), or ship a smaller "
+            "environment (docs/cluster.md)")
+    return text
+
+
 def _interpreter_missing(program: str, shipped: EnvironmentFingerprint | None) -> str:
     """Spark names no host when a barrier task fails (the failed stage's reason only)."""
     if program == SHIPPED_PYTHON:

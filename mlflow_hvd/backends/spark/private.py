@@ -11,12 +11,21 @@ from typing import Any
 
 
 def context_stopped(sc: Any) -> bool:
-    """Whether ``sc`` (a ``SparkContext``) was stopped.
+    """Whether ``sc`` (a ``SparkContext``) was stopped, by this process or by Spark (a
+    standalone master that removed the application stops the JVM's context itself, and
+    every call on it then raises ``IllegalStateException``).
 
     Why private: pyspark has no public "is stopped" (``SparkSession.getActiveSession()``
     still returns a stopped session's object); ``stop()`` sets ``SparkContext._jsc`` to
-    None. Checked on 3.5.9 and 4.3.0."""
-    return getattr(sc, "_jsc", None) is None
+    None, and the JVM's ``SparkContext.isStopped`` answers for a context stopped there.
+    Checked on 3.5.9 and 4.3.0."""
+    jsc = getattr(sc, "_jsc", None)
+    if jsc is None:
+        return True
+    try:
+        return bool(jsc.sc().isStopped())
+    except Exception:  # py4j's error: the JVM is gone, and the context with it
+        return True
 
 
 def max_concurrent_tasks(sc: Any) -> int:
@@ -44,3 +53,23 @@ def gateway_process() -> Any:
 
     gateway = SparkContext._gateway
     return None if gateway is None else gateway.proc
+
+
+def removed_executors(sc: Any) -> list[tuple[str, str]]:
+    """The executors of ``sc``'s application that Spark removed, each as (host, the reason
+    Spark recorded), oldest first: e.g. ``Unable to create executor due to tar: ...``, when
+    a standalone worker could not unpack ``spark.archives`` for a new executor.
+
+    Why private: pyspark exposes no executor list (``statusTracker()`` has jobs and stages
+    only); the JVM's ``AppStatusStore.executorList(activeOnly=false)`` is what Spark's UI and
+    REST API (``/executors``, ``removeReason``) read, reached through ``SparkContext._jsc``;
+    it still answers after Spark stopped the context. Checked on 3.5.9 and 4.3.0."""
+    executors = sc._jsc.sc().statusStore().executorList(False)
+    removed = []
+    for i in range(executors.size()):
+        summary = executors.apply(i)
+        reason = summary.removeReason()
+        if reason.isDefined():
+            host = str(summary.hostPort()).rsplit(":", 1)[0]
+            removed.append((host, str(reason.get()).strip()))
+    return removed

@@ -50,8 +50,11 @@ DISK_LOG="$LOGS/disk.txt"
 disk_sample() {
   local cache="${MLFLOW_HVD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlflow_hvd}"
   while [ ! -e "$cache" ]; do cache="$(dirname "$cache")"; done
-  df -B1 --output=source,used,avail "$ROOT" "$cache" "${TMPDIR:-/tmp}" | tail -n +2 | sort -u \
-    | awk '{used += $2; if (free == "" || $3 < free) free = $3} END {printf "%.0f %.0f\n", used, free}'
+  # each file system once, by its device (df reads each path separately: their figures can
+  # differ by the bytes written meanwhile)
+  df -B1 --output=source,used,avail "$ROOT" "$cache" "${TMPDIR:-/tmp}" | tail -n +2 \
+    | awk '!seen[$1]++ {used += $2; if (free == "" || $3 < free) free = $3}
+           END {printf "%.0f %.0f\n", used, free}'
 }
 disk_watch() {
   while :; do echo "$(date +%s) $(disk_sample)"; sleep 5; done

@@ -25,8 +25,8 @@
 # (like Horovod's wheels; $MLFLOW_HVD_CACHE/venvs/<end>-end-<digest of the lock and Python>),
 # so a new clone on the same machine reuses it; another lock's environment is removed first,
 # unless a run used it in the last two hours. `.venv-<end>-end` in the checkout links to it;
-# <END>_END_VENV=<dir> (OLD_END_VENV, NEW_END_VENV) uses that directory instead. Steps 2-3 run again whenever the checkout or
-# pyproject.toml differ from the last run's.
+# <END>_END_VENV=<dir> (OLD_END_VENV, NEW_END_VENV) uses that directory instead. Steps 2-3
+# run again whenever the checkout or pyproject.toml differ from the last run's.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

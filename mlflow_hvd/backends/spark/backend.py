@@ -10,7 +10,7 @@ from mlflow_hvd.agent.spark_task import RESULT_SCHEMA, barrier_partition_task, b
 from mlflow_hvd.backends.spark.api import ConnectApi, SessionApi, session_api
 from mlflow_hvd.backends.spark.boot import archive_of
 from mlflow_hvd.backends.spark.environment import prepare_executors, ship_to_connect
-from mlflow_hvd.backends.spark.failures import executors_not_started, summarize_spark_error
+from mlflow_hvd.backends.spark.failures import summarize_spark_error
 from mlflow_hvd.backends.spark.session import (
     check_barrier_supported,
     check_executor_env,
@@ -86,10 +86,8 @@ class SparkBackend:
                     frame.mapInArrow(barrier_task(job), RESULT_SCHEMA, barrier=True).collect()
         except Exception as exc:
             error = summarize_spark_error(exc, job.environment,
-                                          connect=isinstance(self._api, ConnectApi))
-            not_started = executors_not_started(self._api.removed_executors(), job.environment)
-            if not_started:
-                error = f"{error}. {not_started}"
+                                          connect=isinstance(self._api, ConnectApi),
+                                          removed=self._api.removed_executors())
             if (isinstance(self._api, ConnectApi)
                     and "cannot reach the mlflow_hvd driver at " in error):
                 error += (

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from mlflow_hvd.backends.spark.api import ConnectApi, SessionApi, run_stage
-from mlflow_hvd.backends.spark.failures import executors_not_started, summarize_spark_error
+from mlflow_hvd.backends.spark.failures import summarize_spark_error
 from mlflow_hvd.errors import BackendError, ConfigurationError, unfit_environment
 from mlflow_hvd.protocol.environment import (
     ARCHIVE_ALIAS,
@@ -175,9 +175,8 @@ def _run_stage(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
             "...)) for a large archive or a slow network, or give the nodes the environment "
             "(an image) instead of shipping it")
     if outcome.error is not None:
-        error = summarize_spark_error(outcome.error, shipped, api.kind == "connect")
-        not_started = executors_not_started(api.removed_executors(), shipped)
-        raise BackendError(
-            f"preparing the shipped environment failed: {error}"
-            + (f". {not_started}" if not_started else "")) from outcome.error
+        error = summarize_spark_error(outcome.error, shipped, api.kind == "connect",
+                                      api.removed_executors())
+        raise BackendError(f"preparing the shipped environment failed: {error}"
+                           ) from outcome.error
     return [(str(h), list(d)) for h, d in outcome.value]

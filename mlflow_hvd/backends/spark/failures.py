@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from mlflow_hvd.protocol.environment import SHIPPED_PYTHON, EnvironmentFingerprint
 
 
 def summarize_spark_error(exc: BaseException,
                           shipped: EnvironmentFingerprint | None = None,
-                          connect: bool = False) -> str:
+                          connect: bool = False,
+                          removed: Sequence[tuple[str, str]] = ()) -> str:
+    """The useful line of a Spark job failure (:func:`_summary`), followed by why executors
+    could not start, from ``removed``: the (host, reason) of each executor Spark removed
+    (:func:`executors_not_started`)."""
+    summary = _summary(exc, shipped, connect)
+    not_started = executors_not_started(removed, shipped)
+    return f"{summary}. {not_started}" if not_started else summary
+
+
+def _summary(exc: BaseException, shipped: EnvironmentFingerprint | None,
+             connect: bool) -> str:
     """The useful line of a Spark job failure: the Python error raised in the task if any.
 
     A failing task surfaces on the driver as a Py4JJavaError whose first line only says
@@ -46,7 +58,7 @@ def summarize_spark_error(exc: BaseException,
 _DISK_FULL = re.compile(r"No space left on device|Wrote only \d+ of \d+ bytes")
 
 
-def executors_not_started(removed: list[tuple[str, str]],
+def executors_not_started(removed: Sequence[tuple[str, str]],
                           shipped: EnvironmentFingerprint | None) -> str:
     """Why Spark could not start executors, from the reasons it recorded when it removed
     them (``removed``: (host, reason), oldest first), or "" when none failed to start.

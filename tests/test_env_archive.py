@@ -448,7 +448,12 @@ except Exception as exc:
                               capture_output=True, text=True, timeout=200)
         (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("ERROR ")]
         assert line.startswith("ERROR BackendError "), line
-        assert "Master removed our application" in line, line
+        # where Spark gives up depends on the machine's speed: during the environment's
+        # stage (the job's error is Spark's "Master removed our application"), or before
+        # (the session being built, the wait for slots: Spark stopped the application)
+        assert ("Master removed our application" in line
+                or re.search(r"the Spark application on spark://127\.0\.0\.1:\d+ was stopped ",
+                             line)), line
         assert "Spark could not start executors on 127.0.0.1 (" in line, line
         assert re.search(r"Wrote only \d+ of \d+ bytes|No space left on device", line), line
         assert (f"The disk of 127.0.0.1 where Spark unpacks the environment shipped to the "

@@ -155,3 +155,93 @@ def test_an_environment_goes_to_a_connect_session_once_and_its_upload_has_a_dead
     with pytest.raises(BackendError, match=r"^the Spark Connect server server refused the "
                        rf"environment {archive}: ARTIFACT_TOO_LARGE"):
         ship_to_connect(ConnectApi(_Uploads("fails", "s-3")), str(archive), 10)
+
+
+class _Option:
+    def __init__(self, value: str | None) -> None:
+        self._value = value
+
+    def isDefined(self) -> bool:
+        return self._value is not None
+
+    def get(self) -> str:
+        assert self._value is not None
+        return self._value
+
+
+class _StandInJvm:
+    """What the removal watch reads of a classic context's JVM (``_jsc.sc()``): whether it
+    stopped, and its status store's executors, which Spark clears when it stops it."""
+
+    def __init__(self) -> None:
+        self.executors: list[tuple[str, str, str | None]] = []  # id, host:port, reason
+        self.is_stopped = False
+
+    def sc(self) -> Any:
+        return self
+
+    def isStopped(self) -> bool:
+        return self.is_stopped
+
+    def statusStore(self) -> Any:
+        return self
+
+    def executorList(self, active_only: bool) -> Any:
+        rows = [SimpleNamespace(id=lambda e=e: e[0], hostPort=lambda e=e: e[1],
+                                removeReason=lambda e=e: _Option(e[2]))
+                for e in self.executors if not active_only or e[2] is None]
+        return SimpleNamespace(size=lambda: len(rows), apply=rows.__getitem__)
+
+
+class _StandInContext:
+    """A classic SparkContext as the watch and ClassicApi read it."""
+
+    master = "spark://m:7077"
+
+    def __init__(self) -> None:
+        self._jsc = _StandInJvm()
+
+    def getConf(self) -> Any:
+        return SimpleNamespace(get=lambda key, default=None: default, getAll=lambda: [])
+
+
+def test_why_spark_removed_executors_is_kept_after_it_stops_the_context_and_clears_it() -> None:
+    """A master that gives up on an application makes Spark stop the context, whose status
+    store (where the reasons were) is cleared a moment later: the watch kept them, and a
+    stopped context fails the job with them at once."""
+    from mlflow_hvd.backends.spark import removals
+    from mlflow_hvd.backends.spark.api import ClassicApi
+    from mlflow_hvd.backends.spark.session import refuse_stopped, stopped_message, wait_for_slots
+
+    sc = _StandInContext()
+    jvm = sc._jsc
+    api = ClassicApi(SimpleNamespace(sparkContext=sc))
+    watch = removals.watch(sc)
+    assert removals.watch(sc) is watch  # one per context
+    assert api.removed_executors() == [] and stopped_message(api, "ran") is None
+    refuse_stopped(api, "ran")  # a running context: nothing to refuse
+    jvm.executors = [("0", "10.0.0.5:40000", "Unable to create executor due to tar: x: "
+                      "Wrote only 3584 of 10240 bytes"), ("1", "10.0.0.6:40000", None)]
+    deadline = threading.Event()
+    for _ in range(100):  # the watch's own thread looks every PERIOD seconds
+        if watch._seen:
+            break
+        deadline.wait(removals.PERIOD / 4)
+    assert watch._seen == {"0": ("10.0.0.5", jvm.executors[0][2])}
+    jvm.is_stopped, jvm.executors = True, []  # Spark stops the context and clears the store
+    assert api.removed_executors() == [("10.0.0.5", "Unable to create executor due to tar: "
+                                        "x: Wrote only 3584 of 10240 bytes")]
+    message = ("the Spark application on spark://m:7077 was stopped while the job waited for "
+               "2 task slots: Spark could not start executors on 10.0.0.5 (1 tried): Unable "
+               "to create executor due to tar: x: Wrote only 3584 of 10240 bytes. The disk of "
+               "10.0.0.5 where Spark unpacks the environment shipped to the executors is full")
+    with pytest.raises(BackendError) as raised:
+        wait_for_slots(api, 2, 600)  # at once, not after the 600 s
+    assert str(raised.value).startswith(message)
+    other = _StandInContext()
+    other._jsc.is_stopped = True
+    quiet = ClassicApi(SimpleNamespace(sparkContext=other))
+    assert stopped_message(quiet, "ran its barrier stage") == (
+        "the Spark application on spark://m:7077 was stopped while the job ran its barrier "
+        "stage (a standalone master removes an application whose executors keep failing to "
+        "start: the master's and workers' logs say why)")

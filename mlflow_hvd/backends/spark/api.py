@@ -12,7 +12,6 @@ ask which kind it drives.
 
 from __future__ import annotations
 
-import logging
 import socket
 import sys
 import threading
@@ -22,11 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from mlflow_hvd.backends.spark import private
+from mlflow_hvd.backends.spark import private, removals
 from mlflow_hvd.common import network
 from mlflow_hvd.errors import BackendError
-
-log = logging.getLogger(__name__)
 
 PYTHON_CONF = "spark.sql.execution.pyspark.python"  # a session's Python workers' interpreter
 
@@ -65,6 +62,7 @@ class ClassicApi:
     def __init__(self, session: Any) -> None:
         self.session = session
         self._sc = session.sparkContext
+        self._removals = removals.watch(self._sc)
 
     def master(self) -> str:
         return str(self._sc.master)
@@ -107,13 +105,10 @@ class ClassicApi:
 
     def removed_executors(self) -> list[tuple[str, str]]:
         """(host, reason) of every executor Spark removed from this application; read on
-        failure paths, to say more than Spark's error: an unreachable JVM gives none (and
-        says so in the log), never a second error in place of the first."""
-        try:
-            return private.removed_executors(self._sc)
-        except Exception as exc:  # py4j's errors: the JVM is gone
-            log.warning("could not read why Spark removed executors: %s", exc)
-            return []
+        failure paths, to say more than Spark's error, never raising a second error in
+        place of the first: what a watch kept while the context ran (:mod:`.removals`; a
+        context Spark stopped has lost them), with what it says now if it still runs."""
+        return self._removals.removed()
 
     def parallel_tasks(self, count: int, fn: Any) -> Any:
         """``count`` tasks, each running ``fn(rows)`` over one number of ``range(count)``."""

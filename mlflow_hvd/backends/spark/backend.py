@@ -15,6 +15,7 @@ from mlflow_hvd.backends.spark.session import (
     check_barrier_supported,
     check_executor_env,
     shipped_environment,
+    stopped_message,
     wait_for_slots,
 )
 from mlflow_hvd.common.config import ClusterConfig, JobConfig
@@ -85,9 +86,9 @@ class SparkBackend:
                              else self._spark.range(0, job.np, 1, job.np))
                     frame.mapInArrow(barrier_task(job), RESULT_SCHEMA, barrier=True).collect()
         except Exception as exc:
-            error = summarize_spark_error(exc, job.environment,
-                                          connect=isinstance(self._api, ConnectApi),
-                                          removed=self._api.removed_executors())
+            error = stopped_message(self._api, "ran its barrier stage") or summarize_spark_error(
+                exc, job.environment, connect=isinstance(self._api, ConnectApi),
+                removed=self._api.removed_executors())
             if (isinstance(self._api, ConnectApi)
                     and "cannot reach the mlflow_hvd driver at " in error):
                 error += (

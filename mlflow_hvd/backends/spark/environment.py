@@ -29,6 +29,7 @@ from typing import Any
 
 from mlflow_hvd.backends.spark.api import ConnectApi, SessionApi, run_stage
 from mlflow_hvd.backends.spark.failures import summarize_spark_error
+from mlflow_hvd.backends.spark.session import refuse_stopped
 from mlflow_hvd.errors import BackendError, ConfigurationError, unfit_environment
 from mlflow_hvd.protocol.environment import (
     ARCHIVE_ALIAS,
@@ -175,6 +176,8 @@ def _run_stage(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
             "...)) for a large archive or a slow network, or give the nodes the environment "
             "(an image) instead of shipping it")
     if outcome.error is not None:
+        refuse_stopped(api, "unpacked and checked the shipped environment on the executors",
+                       outcome.error)
         error = summarize_spark_error(outcome.error, shipped, api.kind == "connect",
                                       api.removed_executors())
         raise BackendError(f"preparing the shipped environment failed: {error}"

@@ -55,15 +55,16 @@ def gateway_process() -> Any:
     return None if gateway is None else gateway.proc
 
 
-def removed_executors(sc: Any) -> list[tuple[str, str]]:
-    """The executors of ``sc``'s application that Spark removed, each as (host, the reason
-    Spark recorded), oldest first: e.g. ``Unable to create executor due to tar: ...``, when
-    a standalone worker could not unpack ``spark.archives`` for a new executor.
+def removed_executors(sc: Any) -> list[tuple[str, str, str]]:
+    """The executors of ``sc``'s application that Spark removed, each as (executor id, host,
+    the reason Spark recorded), oldest first: e.g. ``Unable to create executor due to tar:
+    ...``, when a standalone worker could not unpack ``spark.archives`` for a new executor.
+    Empty once the context has stopped (its status store is closed with it).
 
     Why private: pyspark exposes no executor list (``statusTracker()`` has jobs and stages
     only); the JVM's ``AppStatusStore.executorList(activeOnly=false)`` is what Spark's UI and
-    REST API (``/executors``, ``removeReason``) read, reached through ``SparkContext._jsc``;
-    it still answers after Spark stopped the context. Checked on 3.5.9 and 4.3.0."""
+    REST API (``/executors``, ``removeReason``) read, reached through ``SparkContext._jsc``.
+    Checked on 3.5.9 and 4.3.0."""
     executors = sc._jsc.sc().statusStore().executorList(False)
     removed = []
     for i in range(executors.size()):
@@ -71,5 +72,13 @@ def removed_executors(sc: Any) -> list[tuple[str, str]]:
         reason = summary.removeReason()
         if reason.isDefined():
             host = str(summary.hostPort()).rsplit(":", 1)[0]
-            removed.append((host, str(reason.get()).strip()))
+            removed.append((str(summary.id()), host, str(reason.get()).strip()))
     return removed
+
+
+def removed_executor_count(sc: Any) -> int:
+    """How many executors of ``sc``'s application Spark removed so far: two calls, however
+    many executors there are (:func:`removed_executors` makes several per executor).
+    Private for the reason :func:`removed_executors` is."""
+    store = sc._jsc.sc().statusStore()
+    return int(store.executorList(False).size()) - int(store.executorList(True).size())

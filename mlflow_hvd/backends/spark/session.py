@@ -8,12 +8,14 @@ import sys
 import time
 from typing import Any
 
-from mlflow_hvd.backends.spark import jvm
+from mlflow_hvd.backends.spark import jvm, private, removals
 from mlflow_hvd.backends.spark.api import SessionApi, active_session, run_stage, session_api
+from mlflow_hvd.backends.spark.failures import executors_not_started, summarize_spark_error
 from mlflow_hvd.backends.spark.master import AUTO, check_reachable, choose_master
 from mlflow_hvd.common.env_archive import fingerprint_of_archive, shipped_archive
 from mlflow_hvd.common.horovod_env import refuse_owned
 from mlflow_hvd.errors import (
+    BackendError,
     ConfigurationError,
     InsufficientSlotsError,
     SparkBarrierUnsupportedError,
@@ -58,35 +60,51 @@ def new_session(master: str, archive: str | None = None) -> Any:
     ``./environment/bin/python``: ``PYSPARK_PYTHON`` is what the context reads when it
     starts (a plain Python driver ignores ``spark.pyspark.python``), set only meanwhile.
     Without an archive, a ``local[...]``/``local-cluster[...]`` master's executors run this
-    driver's interpreter unless ``PYSPARK_PYTHON`` says otherwise."""
+    driver's interpreter unless ``PYSPARK_PYTHON`` says otherwise.
+
+    The context starts first and its executors are watched from then on
+    (:mod:`.removals`): a master can give up on the application before the session is
+    built (executors that cannot start), and Spark's error then names no reason.
+
+    Raises:
+        BackendError: Spark stopped the context before the session was built: why its
+            executors could not start, when Spark recorded it.
+    """
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master(master)
-        .appName("mlflow_hvd")
-        .config("spark.ui.showConsoleProgress", "false")
-    )
+    conf = (SparkConf().setMaster(master).setAppName("mlflow_hvd")
+            .set("spark.ui.showConsoleProgress", "false"))
     java_options = jvm.driver_java_options()
     if java_options:
-        builder = builder.config("spark.driver.defaultJavaOptions", java_options)
-    python = SHIPPED_PYTHON
-    if archive is None:
-        if not master.startswith("local") or os.environ.get("PYSPARK_PYTHON"):
-            return builder.getOrCreate()  # a cluster's nodes: their own python3, as Spark does
-        # executors on this machine: the driver's interpreter, not whatever python3 is on
-        # PATH (a venv run without activating it)
-        python = sys.executable
-    else:
-        builder = builder.config("spark.archives", f"{archive}#{ARCHIVE_ALIAS}")
+        conf.set("spark.driver.defaultJavaOptions", java_options)
+    python: str | None = SHIPPED_PYTHON
+    if archive is not None:
+        conf.set("spark.archives", f"{archive}#{ARCHIVE_ALIAS}")
+    elif not master.startswith("local") or os.environ.get("PYSPARK_PYTHON"):
+        python = None  # a cluster's nodes: their own python3, as Spark does
+    else:  # executors on this machine: the driver's interpreter, not whatever python3 is
+        python = sys.executable  # on PATH (a venv run without activating it)
     before = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = python
+    if python is not None:
+        os.environ["PYSPARK_PYTHON"] = python
     try:
-        return builder.getOrCreate()
+        sc = SparkContext.getOrCreate(conf)
     finally:
         if before is None:
             os.environ.pop("PYSPARK_PYTHON", None)
         else:
             os.environ["PYSPARK_PYTHON"] = before
+    watching = removals.watch(sc)
+    try:
+        return SparkSession.builder.getOrCreate()  # on the context above
+    except Exception as exc:
+        if not private.context_stopped(sc):
+            raise
+        shipped = None if archive is None else fingerprint_of_archive(archive)
+        raise BackendError(
+            f"the Spark application on {master} was stopped before its session was built: "
+            f"{summarize_spark_error(exc, shipped, removed=watching.removed())}") from exc
 
 
 def shipped_environment(conf: Any) -> EnvironmentFingerprint | None:
@@ -152,6 +170,7 @@ def wait_for_slots(api: SessionApi, np: int, timeout: float) -> int:
     master, conf = api.master(), api.conf()
     ceiling = expected_slots(master, conf)
     while True:
+        refuse_stopped(api, f"waited for {np} task slots")
         slots = api.task_slots()
         if slots is None:  # Spark Connect
             if ceiling is not None and ceiling >= np:
@@ -199,6 +218,7 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float) -> int:
     deadline = time.monotonic() + timeout
     enough = np if ceiling is None else min(np, ceiling)
     while True:
+        refuse_stopped(api, f"waited for {least} to {np} task slots")
         slots = api.task_slots() or 0
         if slots >= enough or time.monotonic() >= deadline:
             break
@@ -206,6 +226,32 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float) -> int:
     if slots >= least:
         return min(slots, np)
     raise InsufficientSlotsError(_elastic_message(api, np, least, slots, timeout, False))
+
+
+def refuse_stopped(api: SessionApi, doing: str, cause: BaseException | None = None) -> None:
+    """Fail at once, not at a deadline, when Spark stopped the session's context under the
+    job (``doing``: what the job was doing), e.g. a standalone master that removed the
+    application because its executors could not start (:func:`stopped_message`).
+
+    Raises:
+        BackendError: The context is stopped (from ``cause``, the error that showed it).
+    """
+    message = stopped_message(api, doing)
+    if message is not None:
+        raise BackendError(message) from cause
+
+
+def stopped_message(api: SessionApi, doing: str) -> str | None:
+    """What to tell a user whose classic session's context Spark stopped while the job was
+    ``doing`` something: why its executors could not start, when Spark recorded it (Spark's
+    own error says only "Master removed our application: FAILED", or that the context is
+    stopped); None while the context runs."""
+    if api.kind != "classic" or not api.stopped():
+        return None
+    why = executors_not_started(api.removed_executors(), shipped_environment(api.conf()))
+    return (f"the Spark application on {api.master()} was stopped while the job {doing}"
+            + (f": {why}" if why else " (a standalone master removes an application whose "
+               "executors keep failing to start: the master's and workers' logs say why)"))
 
 
 def slots_back(api: SessionApi, np: int, running: int) -> bool:

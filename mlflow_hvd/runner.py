@@ -320,7 +320,8 @@ class HorovodRunner:
         description = f"HorovodRunner(np={self.num_processor}).run({callable_name(main)})" + (
             f" attempt {attempt + 1}" if attempt else "") + (
             f" on {size} ranks" if size != abs(self.num_processor) else "")
-        return Job(np=size, payload=dumps_payload(code, target, attempt), settings=settings,
+        return Job(np=size, payload=dumps_payload(code, target, attempt, self.job.max_failures),
+                   settings=settings,
                    description=description, job_id=job_id, on_tracking_write=writes,
                    on_undelivered=self._undelivered_handler(restart), feed=feed,
                    on_fed=on_fed, restart=restart)

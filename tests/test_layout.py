@@ -11,6 +11,7 @@ from mlflow_hvd.common.layout import (
     assign_slots,
     rank_env,
     to_slot_infos,
+    torch_env,
     worker_command,
     worker_env,
 )
@@ -81,3 +82,33 @@ def test_worker_env_drops_the_runners_own_variables_and_the_run_keeps_tuning() -
 def test_worker_command_carries_no_secret() -> None:
     assert worker_command() == [sys.executable, "-m", "mlflow_hvd.rank.worker"]
     assert worker_command("/opt/py") == ["/opt/py", "-m", "mlflow_hvd.rank.worker"]
+
+
+def test_torch_env_is_torchruns_contract_with_horovods_ranks_and_hosts_as_nodes() -> None:
+    slots = assign_slots(["a", "a", "a", "b"])  # host a: ranks 0-2; b: rank 3
+    by_rank = {s.rank: s for s in slots}
+    env = torch_env(by_rank[3], slots, "10.0.0.5", 41235, "eth0", "job-1", {})
+    assert env == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",  # torchrun's node rank: b is the 2nd
+        "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4", "ROLE_NAME": "default",
+        "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "41235",
+        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "job-1",
+        "GLOO_SOCKET_IFNAME": "eth0",
+    }
+    first = torch_env(by_rank[2], slots, "10.0.0.5", 41235, "eth0", "job-1", {})
+    assert (first["GROUP_RANK"], first["LOCAL_RANK"], first["LOCAL_WORLD_SIZE"]) == (
+        "0", "2", "3")
+    # a driver without torch offers no store: no address, and torch says so at once
+    storeless = torch_env(by_rank[0], slots, "10.0.0.5", 0, "eth0", "job-1",
+                          {"GLOO_SOCKET_IFNAME": "ib0"})  # the host's own interface kept
+    assert not {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+                "GLOO_SOCKET_IFNAME"} & set(storeless)
+
+
+def test_worker_env_drops_a_torchrun_of_the_drivers_own() -> None:
+    """A driver started by torchrun (or a Spark executor given RANK) must not hand its own
+    rank and store to the ranks."""
+    base = {"PATH": "/bin", "RANK": "5", "WORLD_SIZE": "8", "MASTER_ADDR": "elsewhere",
+            "MASTER_PORT": "29500", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}
+    assert worker_env(base, {"RANK": "1"}) == {"PATH": "/bin", "RANK": "1"}

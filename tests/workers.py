@@ -92,6 +92,61 @@ def torch_collectives(steps: int = 3) -> dict[str, Any]:
     }
 
 
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
+                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "GLOO_SOCKET_IFNAME")
+
+
+def ddp_as_pytorch_writes_it(steps: int = 3, with_horovod: bool = False,
+                             fail_attempt_on_rank_1: int = -1) -> dict[str, Any]:
+    """A training function as PyTorch's DDP tutorial and TorchDistributor's docs write it:
+    ``init_process_group("gloo")`` from the environment, ``LOCAL_RANK``, a
+    ``DistributedSampler`` and ``DistributedDataParallel``; optionally ``horovod.torch`` in the
+    same function. Rank 1 raises after joining the group on attempt
+    ``fail_attempt_on_rank_1``. Returns rank 0's view: every rank's torchrun variables,
+    ranks and shard, and every rank's weights after ``steps`` steps (gathered by
+    torch.distributed)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == fail_attempt_on_rank_1 and rank == 1:
+        raise RuntimeError("rank 1 fails this attempt")
+    horovod = None
+    if with_horovod:
+        import horovod.torch as hvd
+
+        hvd.init()
+        horovod = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+                   "sum": hvd.allreduce(torch.tensor([rank + 1.0]), op=hvd.Sum).tolist()}
+    data = TensorDataset(torch.arange(16.0)[:, None].repeat(1, 4), torch.arange(16.0)[:, None])
+    sampler = DistributedSampler(data, shuffle=False)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)
+    torch.manual_seed(rank)  # each rank its own initial weights: DDP broadcasts rank 0's
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001 * world)
+    seen = []
+    for _ in range(steps):
+        for x, y in loader:
+            seen.extend(int(v) for v in y.flatten())
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    mine = {"env": {k: os.environ.get(k) for k in TORCHRUN_VARS}, "rank": rank,
+            "world": world, "local_rank": local_rank, "horovod": horovod,
+            "seen": sorted(set(seen)), "weights": weights.tolist()}
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    dist.destroy_process_group()
+    return {"ranks": everyone}
+
+
 def raise_on_rank_1() -> None:
     if _rank() == 1:
         raise ValueError("boom from rank 1")

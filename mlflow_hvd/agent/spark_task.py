@@ -174,7 +174,8 @@ def _run_rank(job: JobSpec, client: ChannelClient, slots: Sequence[RankSlot], pa
     with staged_payload(job.payload, kind="task") as payload_path:
         launch = worker_launch(
             job,
-            slots[partition],
+            slots,
+            partition,
             payload_path,
             driver_host=job.driver_host,
             iface=iface,

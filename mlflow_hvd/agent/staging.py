@@ -7,12 +7,12 @@ so a rank starts the same way wherever it runs.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from mlflow_hvd.agent.process import WorkerLaunch
 from mlflow_hvd.common import horovod_env, logs, scratch
-from mlflow_hvd.common.layout import Devices, rank_env, worker_command, worker_env
+from mlflow_hvd.common.layout import Devices, rank_env, torch_env, worker_command, worker_env
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import Bootstrap, RankSlot
 
@@ -34,7 +34,8 @@ def staged_payload(payload: bytes, kind: str = "job") -> Iterator[str]:
 
 def worker_launch(
     job: JobSpec,
-    slot: RankSlot,
+    slots: Sequence[RankSlot],
+    index: int,
     payload_path: str,
     *,
     driver_host: str,
@@ -45,7 +46,9 @@ def worker_launch(
     devices: Devices | None = None,
     shards: str = "",
 ) -> WorkerLaunch:
-    """How to start the worker of ``slot.rank``: command, environment and bootstrap.
+    """How to start the worker of ``slots[index]`` (``slots``: every rank's): command,
+    environment (Horovod's variables and torchrun's, :func:`~mlflow_hvd.common.layout.torch_env`)
+    and bootstrap.
 
     ``driver_host`` is the address this host uses to reach the driver (its channel and
     horovod's rendezvous server); ``iface`` the network interface Gloo uses; ``host_name``
@@ -54,9 +57,12 @@ def worker_launch(
     left as it is); ``shards`` the path of the rank's manifest of DataFrame shards ("":
     the job has no DataFrame arguments).
     """
+    slot = slots[index]
     host = host_name or slot.hostname
-    env = worker_env(os.environ, rank_env(slot, driver_host, job.rendezvous_port, iface),
-                     dict(job.horovod_env))
+    rank_vars = rank_env(slot, driver_host, job.rendezvous_port, iface)
+    rank_vars.update(torch_env(slot, slots, driver_host, job.torch_port, iface, job.job_id,
+                               os.environ))
+    env = worker_env(os.environ, rank_vars, dict(job.horovod_env))
     # the timeline and autotune log go to the rank's scratch directory on this host
     env.update(horovod_env.rank_files(env, os.path.dirname(payload_path), slot.rank))
     env[HOST_NAME_VAR] = host

@@ -42,10 +42,11 @@ class LocalBackend:
         slots = assign_slots([LOCAL_HOST] * job.np)
         sink(LayoutReport(partition=0, slots=slots))
         payload_path = self._staging.enter_context(staged_payload(job.payload))
-        for slot in slots:
+        for index, slot in enumerate(slots):
             launch = worker_launch(
                 job,
-                slot,
+                slots,
+                index,
                 payload_path,
                 driver_host=LOOPBACK,
                 iface=job.gloo_iface or "lo",

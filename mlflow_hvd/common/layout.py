@@ -125,17 +125,61 @@ def rank_env(
     return env
 
 
+# torch.distributed's worker contract (torch.distributed.run documents these variables)
+TORCH_VARS = frozenset({
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+})
+ROLE = "default"  # torchrun's role name when none is given
+
+
+def torch_env(slot: RankSlot, slots: Sequence[RankSlot], master_addr: str, master_port: int,
+              iface: str, run_id: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables ``torchrun`` gives a worker, for the rank of ``slot`` among ``slots``
+    (every rank of the job), consistent with Horovod's: ``RANK`` is ``hvd.rank()``,
+    ``LOCAL_RANK`` ``hvd.local_rank()``; ``GROUP_RANK`` is the index of the rank's host (hosts
+    ordered by their first rank, as torchrun's node ranks are) and ``GROUP_WORLD_SIZE`` the
+    number of hosts. ``MASTER_ADDR``/``MASTER_PORT`` are the job's store on the driver
+    (``master_port`` 0: none, and neither is set) which every rank joins as a client
+    (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun). torch's Gloo uses ``iface``, the
+    interface Horovod's Gloo uses (``GLOO_SOCKET_IFNAME``), unless ``environ`` (the host's)
+    names one; NCCL's is Horovod's (``NCCL_SOCKET_IFNAME``, :func:`rank_env`).
+    ``TORCHELASTIC_RESTART_COUNT`` and ``TORCHELASTIC_MAX_RESTARTS`` come with each job
+    (:func:`mlflow_hvd.rank.torch_dist.job_env`)."""
+    hosts: list[str] = []
+    for other in sorted(slots, key=lambda s: s.rank):
+        if other.hostname not in hosts:
+            hosts.append(other.hostname)
+    env = {
+        "RANK": str(slot.rank), "WORLD_SIZE": str(slot.size),
+        "LOCAL_RANK": str(slot.local_rank), "LOCAL_WORLD_SIZE": str(slot.local_size),
+        "GROUP_RANK": str(hosts.index(slot.hostname)), "GROUP_WORLD_SIZE": str(len(hosts)),
+        "ROLE_RANK": str(slot.rank), "ROLE_WORLD_SIZE": str(slot.size), "ROLE_NAME": ROLE,
+        "TORCHELASTIC_RUN_ID": run_id,
+    }
+    if master_port:
+        env.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+                    "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    if not environ.get("GLOO_SOCKET_IFNAME"):
+        env["GLOO_SOCKET_IFNAME"] = iface
+    return env
+
+
 def worker_env(
     base: Mapping[str, str], rank_vars: Mapping[str, str],
     tuning: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The full environment of a worker: ``base`` (the host's environment: Horovod's tuning
-    variables kept, the ones the runner owns and the run id dropped), then the job's
+    variables kept; the ones the runner owns, Horovod's and torch.distributed's
+    (:data:`TORCH_VARS`), and the run id dropped), then the job's
     ``tuning`` (:mod:`mlflow_hvd.common.horovod_env`), then ``rank_vars``."""
     # MLflow's client settings (credentials) reach rank 0 over the channel, no rank
     # through its environment (mlflow_hvd.protocol.credentials)
     env = {k: v for k, v in base.items()
-           if k not in OWNED and k != "MLFLOW_RUN_ID" and k not in CREDENTIAL_VARS}
+           if k not in OWNED and k not in TORCH_VARS and k != "MLFLOW_RUN_ID"
+           and k not in CREDENTIAL_VARS}
     env.update(tuning or {})
     env.update(rank_vars)
     return env

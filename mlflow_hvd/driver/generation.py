@@ -33,6 +33,7 @@ from mlflow_hvd.driver.routing import (
     untracked_answer,
 )
 from mlflow_hvd.driver.tasks import TaskGate
+from mlflow_hvd.driver.torch_store import TorchStore, torch_available
 from mlflow_hvd.errors import BackendError
 from mlflow_hvd.protocol.credentials import Credentials
 from mlflow_hvd.protocol.messages import (
@@ -42,6 +43,7 @@ from mlflow_hvd.protocol.messages import (
     NextJob,
     RankDisconnected,
     Retire,
+    TorchStoreWanted,
     TrackingWrite,
     WorkerError,
     WorkerExited,
@@ -54,7 +56,7 @@ log = logging.getLogger(__name__)
 
 
 def job_spec(job: Job, np: int, secret: bytes, driver_host: str, channel_port: int,
-             rendezvous_port: int, warm: bool) -> JobSpec:
+             rendezvous_port: int, warm: bool, torch_port: int = 0) -> JobSpec:
     """What a generation's ranks are started with, from its first job's settings (the one
     place a :class:`JobSpec` is built)."""
     settings = job.settings
@@ -77,6 +79,7 @@ def job_spec(job: Job, np: int, secret: bytes, driver_host: str, channel_port: i
         horovod_env=settings.horovod_env,
         gpu_resource=settings.gpu_resource,
         feed=job.feed.spec if job.feed is not None else None,
+        torch_port=torch_port,
     )
 
 
@@ -120,7 +123,8 @@ class Generation:
                                      on_elastic=lambda: self.events.put(ElasticRefused()))
         route = message_router(self.events, self.rendezvous, self._undelivered, self.tasks,
                                self._fed)
-        self._route = self._noting_idle_exits(route)
+        self._route = self._noting_idle_exits(self._serving_torch(route))
+        self._torch: TorchStore | None = None  # the current job's torch.distributed store
         answer = request_router(
             self._tracking, layout_answer(self.tasks, self.rendezvous, self.events),
             credentials_answer(self.secret, self._credentials),
@@ -172,7 +176,7 @@ class Generation:
         log.info("%s: starting %d ranks on the %s backend for job %s (%s)", self.name,
                  self.np, self.backend.name, job.job_id, job.description)
         spec = job_spec(job, self.np, self.secret, self.driver_host, self.port,
-                        self.rendezvous.port, self.warm)
+                        self.rendezvous.port, self.warm, self._new_torch_store())
         self._idle_timeout = spec.idle_timeout
         self.feed_key = job.feed_key
         self.backend.start(spec, self._route)  # what the backend itself reports, routed
@@ -203,6 +207,7 @@ class Generation:
             self._drain_idle_messages()
             self._idle.clear()
             self.rendezvous.reset()  # a fresh round for Horovod's next init
+            self._new_torch_store()  # and a fresh store for torch.distributed's
             self._job = job
             self._handed += 1
             self._cond.notify_all()
@@ -226,7 +231,8 @@ class Generation:
                 self._cond.wait(idle.slice(IDLE_POLL))
             self._waiting.discard(request.rank)
             if self._handed != handed and self._job is not None:
-                return NextJob(self._job.payload)
+                return NextJob(self._job.payload, self._job.job_id,
+                               self._torch.port if self._torch is not None else 0)
             return Retire()
 
     def _expire(self, rank: int, idle: Deadline) -> None:
@@ -236,6 +242,32 @@ class Generation:
         self._cond.notify_all()
         log.info("%s: rank %d idle for %.0fs (idle limit): retiring its ranks",
                  self.name, rank, idle.seconds)
+
+    def _new_torch_store(self) -> int:
+        """Replace the last job's torch.distributed store by a new one (a port bound now,
+        served once a rank asks: :mod:`mlflow_hvd.driver.torch_store`); its port, 0 when
+        this driver has no torch."""
+        if self._torch is not None:
+            self._torch.close()
+            self._torch = None
+        if not torch_available():
+            return 0
+        self._torch = TorchStore(self.driver_host)
+        return self._torch.port
+
+    def _serving_torch(self, route: Callable[[object], None]) -> Callable[[object], None]:
+        """``route``, but a rank's word that it imported torch.distributed starts the
+        current job's store instead."""
+
+        def on_message(message: object) -> None:
+            if isinstance(message, TorchStoreWanted):
+                store = self._torch
+                if store is not None:
+                    store.serve()
+                return
+            route(message)
+
+        return on_message
 
     def _noting_idle_exits(self, route: Callable[[object], None]) -> Callable[[object], None]:
         """``route``, and a log line when a rank whose job ended (it waits, or is about to
@@ -297,6 +329,8 @@ class Generation:
         finally:
             self.rendezvous.stop()
             self.channel.stop()
+            if self._torch is not None:
+                self._torch.close()
             log_load(self.name, self.channel.stats(), self.rendezvous.stats())
 
 

@@ -38,6 +38,8 @@ class JobSpec:
         environment: What the environment shipped to the executors (``spark.archives``)
             needs on each host; every task checks before its rank starts (None: executors
             run an environment of their own, unchecked).
+        torch_port: The driver's port of the first job's ``torch.distributed`` store
+            (``MASTER_PORT``; 0: the driver offers none).
     """
 
     np: int
@@ -60,3 +62,4 @@ class JobSpec:
     gpu_resource: str  # the Spark resource whose addresses become CUDA_VISIBLE_DEVICES
     feed: FeedSpec | None = None
     environment: EnvironmentFingerprint | None = None
+    torch_port: int = 0

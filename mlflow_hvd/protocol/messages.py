@@ -107,6 +107,7 @@ class Payload:
     code: Code
     tracking: TrackingTarget | None = None
     attempt: int = 0  # 0 for the first run of the job, k for its k-th restart
+    max_restarts: int = 0  # restarts the job may have (JobConfig(max_failures))
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,12 @@ class FromRank:
     """Base of every message about one rank (sent by its worker or its agent)."""
 
     rank: int
+
+
+@dataclass(frozen=True)
+class TorchStoreWanted(FromRank):
+    """Rank -> driver: the rank imported ``torch.distributed``; the job's store (whose port
+    every rank has as ``MASTER_PORT``) should serve. Sent once per job by each such rank."""
 
 
 @dataclass(frozen=True)
@@ -255,9 +262,12 @@ class AwaitJob(Request, FromRank):
 
 @dataclass(frozen=True)
 class NextJob:
-    """Driver -> pooled worker: run this pickled :class:`Payload` next."""
+    """Driver -> pooled worker: run this pickled :class:`Payload` next, job ``job_id``, whose
+    ``torch.distributed`` store listens on ``torch_port`` of the driver (0: none)."""
 
     payload: bytes = field(repr=False)
+    job_id: str = ""
+    torch_port: int = 0
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,12 @@ from mlflow_hvd.protocol.messages import (
     Bootstrap,
     NextJob,
     Payload,
+    TorchStoreWanted,
     WorkerError,
     WorkerResult,
     WorkerStarted,
 )
-from mlflow_hvd.rank import context, credentials, keras_guard, shard
+from mlflow_hvd.rank import context, credentials, keras_guard, shard, torch_dist
 from mlflow_hvd.rank.tracking import api as tracking_api
 from mlflow_hvd.rank.tracking import job_env, plugin
 
@@ -83,16 +84,20 @@ def main() -> int:
     _client = client
     context.install(client, rank)
     keras_guard.install()  # before the user's code can import Horovod's Keras layer
+    torch_jobs = torch_dist.TorchJobs(lambda: client.send(TorchStoreWanted(rank)))
+    torch_jobs.install()  # the driver starts the job's torch.distributed store when told
     # MLflow's own API in the training function writes through mlflow_hvd's store: MLflow
     # finds it by its entry points, which it reads when first imported
     plugin.ensure_registered(os.path.dirname(boot.payload_path))
     with open(boot.payload_path, "rb") as f:
         payload_bytes = f.read()
+    next_job = NextJob(payload_bytes)  # the first: its id and store came with the env
     while True:
         client.send(WorkerStarted(rank, host))
-        code = _run_job(client, rank, host, payload_bytes, boot)
+        code = _run_job(client, rank, host, next_job, boot, torch_jobs)
         if code != 0 or not boot.pooled:
             return code
+        torch_jobs.end_job()
         _end_pooled_job()
         try:
             # the driver answers within its idle limit (NextJob or Retire)
@@ -101,15 +106,17 @@ def main() -> int:
             return EXIT_ORPHANED
         if not isinstance(answer, NextJob):  # Retire: the pool is closing
             return 0
-        payload_bytes = answer.payload
+        next_job = answer
 
 
-def _run_job(client: ChannelClient, rank: int, host: str, payload_bytes: bytes,
-             boot: Bootstrap) -> int:
+def _run_job(client: ChannelClient, rank: int, host: str, job: NextJob,
+             boot: Bootstrap, torch_jobs: torch_dist.TorchJobs) -> int:
     """Run one job's ``main`` and report its outcome; returns the exit code it earns."""
     applied: credentials.Applied | None = None
     try:
-        payload: Payload = pickle.loads(payload_bytes)
+        payload: Payload = pickle.loads(job.payload)
+        torch_jobs.start_job(payload.attempt, payload.max_restarts, job.job_id,
+                             job.torch_port)
         main_fn, kwargs = cloudpickle.loads(payload.code.pickled)
         context.install(client, rank, payload.attempt)
         code_sources.restore([main_fn, kwargs], payload.code.code_files, payload.code.code_texts)

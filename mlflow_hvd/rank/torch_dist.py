@@ -1,0 +1,98 @@
+"""Rank side: ``torch.distributed`` code as users write it under ``torchrun``, in a rank.
+
+The agent starts each worker with torchrun's variables (:func:`mlflow_hvd.common.layout
+.torch_env`: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` of the
+job's store on the driver, ...). Here, per job: the variables that change from one job to
+the next (the attempt; a warm rank's next job id and store port), the driver told to start
+the store once torch.distributed is imported (:mod:`mlflow_hvd.driver.torch_store`: a
+driver that never hears it never imports torch), and after a warm rank's job the default
+process group destroyed, so that the next job's ``init_process_group`` can run.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+import types
+from collections.abc import Callable, Sequence
+
+from mlflow_hvd.rank.after_import import spec_then
+
+log = logging.getLogger(__name__)
+
+MODULE = "torch.distributed"  # imported by `import torch` itself
+
+
+def job_env(attempt: int, max_restarts: int, run_id: str = "",
+            master_port: int = 0) -> dict[str, str]:
+    """What changes from one job to the next in a rank's torch.distributed variables: the
+    attempt (``TORCHELASTIC_RESTART_COUNT``), the restarts allowed, and for a warm rank's
+    next job its id and its store's port (empty/0: unchanged)."""
+    env = {"TORCHELASTIC_RESTART_COUNT": str(attempt),
+           "TORCHELASTIC_MAX_RESTARTS": str(max_restarts)}
+    if run_id:
+        env["TORCHELASTIC_RUN_ID"] = run_id
+    if master_port:
+        env["MASTER_PORT"] = str(master_port)
+    return env
+
+
+class _Notify(importlib.abc.MetaPathFinder):
+    """Calls ``wanted`` once torch.distributed is imported."""
+
+    def __init__(self, wanted: Callable[[], None]) -> None:
+        self.wanted = wanted
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != MODULE:
+            return None
+        return spec_then(fullname, path, self._then)
+
+    def _then(self, module: types.ModuleType) -> None:
+        del module
+        self.wanted()
+
+
+class TorchJobs:
+    """One worker's side of the torch.distributed store, job after job.
+
+    ``notify`` tells the driver that this rank imported torch.distributed (it sends
+    :class:`~mlflow_hvd.protocol.messages.TorchStoreWanted`); it is called at most once per
+    job, and only when the job has a store."""
+
+    def __init__(self, notify: Callable[[], None]) -> None:
+        self._notify = notify
+        self._told = False  # the driver heard from us during this job
+
+    def install(self) -> None:
+        """Hear of torch.distributed's import from now on (before any user code runs)."""
+        if not any(isinstance(f, _Notify) for f in sys.meta_path):
+            sys.meta_path.insert(0, _Notify(self._wanted))
+
+    def start_job(self, attempt: int, max_restarts: int, job_id: str = "",
+                  port: int = 0) -> None:
+        """Before a job's ``main``: its variables (``job_id``/``port``: a warm rank's next
+        job's; empty/0 for the first job, whose the agent set), and the driver told at once
+        if torch.distributed is already imported (a warm rank's earlier job imported it)."""
+        os.environ.update(job_env(attempt, max_restarts, job_id, port))
+        self._told = False
+        if MODULE in sys.modules:
+            self._wanted()
+
+    def end_job(self) -> None:
+        """After a warm rank's job: destroy the default process group the job left (a
+        second ``init_process_group`` in this process would fail), and forget the store."""
+        dist = sys.modules.get(MODULE)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            log.info("destroying the process group the job left")
+            dist.destroy_process_group()
+
+    def _wanted(self) -> None:
+        if self._told or not os.environ.get("MASTER_PORT"):
+            return
+        self._told = True
+        self._notify()

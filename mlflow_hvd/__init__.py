@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mlflow_hvd.common.config import ClusterConfig, JobConfig, TrackingConfig
     from mlflow_hvd.common.horovod_env import HorovodOptions
+    from mlflow_hvd.distributor import TorchDistributor
     from mlflow_hvd.errors import (
         AuthenticationError,
         BackendError,
@@ -69,6 +70,7 @@ __all__ = [
     "SparkBarrierUnsupportedError",
     "StartTimeoutError",
     "Terminated",
+    "TorchDistributor",
     "TrackingConfig",
     "TrackingError",
     "UnsupportedVersionError",
@@ -78,11 +80,13 @@ __all__ = [
     "log_to_driver",
 ]
 _WHERE = {
-    **{name: "mlflow_hvd.errors" for name in __all__ if name != "enable_logging"},
+    **{name: "mlflow_hvd.errors" for name in __all__
+       if name not in ("enable_logging", "TorchDistributor")},
     **{name: "mlflow_hvd.common.config"
        for name in ("ClusterConfig", "JobConfig", "TrackingConfig")},
     "HorovodOptions": "mlflow_hvd.common.horovod_env",
     "HorovodRunner": "mlflow_hvd.runner",
+    "TorchDistributor": "mlflow_hvd.distributor",
     "log_to_driver": "mlflow_hvd.rank.context",
     "attempt": "mlflow_hvd.rank.context",
 }

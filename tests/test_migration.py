@@ -27,7 +27,8 @@ def test_a_torch_distributor_function_moved_to_horovod_trains_as_it_did(
         spark: Any, warm_ranks: Any, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same data, seed and learning rate: DistributedDataParallel under pyspark's
     TorchDistributor and Horovod's averaged gradients under the runner end at the same
-    loss, averaged over the ranks (both average the two ranks' gradients every step)."""
+    loss, averaged over the ranks (both average the two ranks' gradients every step); and
+    the DDP function itself under mlflow_hvd's TorchDistributor (one import changed)."""
     import migration
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -40,6 +41,12 @@ def test_a_torch_distributor_function_moved_to_horovod_trains_as_it_did(
         migration.train_ddp, 0.05, 3)
     ours = warm_ranks.run(migration.train_ddp_as_horovod, lr=0.05, epochs=3)
     assert ours == pytest.approx(theirs, rel=1e-4), (ours, theirs)
+    # or the function unchanged, one import changed: the same DDP, the same loss
+    from mlflow_hvd import TorchDistributor as OurTorchDistributor
+
+    unchanged = OurTorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(
+        migration.train_ddp, 0.05, 3)
+    assert unchanged == pytest.approx(theirs, rel=1e-6), (unchanged, theirs)
     run = mlflow.MlflowClient().get_run(warm_ranks.last_run_id)
     assert [m.step for m in mlflow.MlflowClient().get_metric_history(
         run.info.run_id, "loss")] == [0, 1, 2]  # rank 0 logged each epoch

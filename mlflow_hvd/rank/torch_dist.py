@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import linecache
 import logging
 import os
 import sys
@@ -96,3 +97,44 @@ class TorchJobs:
             return
         self._told = True
         self._notify()
+
+
+class Call:
+    """What each rank of a :class:`~mlflow_hvd.distributor.TorchDistributor` job runs:
+    ``target(*args, **kwargs)`` for a function; for a script (a path, ``source`` its text
+    read on the driver: the executors need no copy) the script as ``__main__`` with
+    ``sys.argv = [path, *args]``, as ``torchrun script.py args`` runs it. With
+    ``use_gpu=False`` the rank sees no GPU (``CUDA_VISIBLE_DEVICES=""``, as TorchDistributor
+    sets it). Returns the function's value (None for a script)."""
+
+    def __init__(self, target: Callable[..., object] | str, args: tuple[object, ...],
+                 use_gpu: bool, source: str = "") -> None:
+        self.target, self.args, self.use_gpu, self.source = target, args, use_gpu, source
+
+    def __repr__(self) -> str:
+        target = self.target
+        return target if isinstance(target, str) else getattr(target, "__qualname__",
+                                                               repr(target))
+
+    def __call__(self, **kwargs: object) -> object:
+        if not self.use_gpu:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        if not isinstance(self.target, str):
+            return self.target(*self.args, **kwargs)
+        path = self.target
+        argv, sys.argv = sys.argv, [path, *map(str, self.args)]
+        folder = os.path.dirname(os.path.abspath(path))
+        added = os.path.isdir(folder) and folder not in sys.path
+        if added:  # the script's own modules, where this host has them
+            sys.path.insert(0, folder)
+        try:
+            # its lines in tracebacks, where this host has no copy of the file
+            linecache.cache[path] = (len(self.source), None,
+                                     self.source.splitlines(keepends=True), path)
+            code = compile(self.source, path, "exec")
+            exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
+        finally:
+            sys.argv = argv
+            if added:
+                sys.path.remove(folder)
+        return None

@@ -103,20 +103,21 @@ def ddp_as_pytorch_writes_it(steps: int = 3, with_horovod: bool = False,
     """A training function as PyTorch's DDP tutorial and TorchDistributor's docs write it:
     ``init_process_group("gloo")`` from the environment, ``LOCAL_RANK``, a
     ``DistributedSampler`` and ``DistributedDataParallel``; optionally ``horovod.torch`` in the
-    same function. Rank 1 raises after joining the group on attempt
-    ``fail_attempt_on_rank_1``. Returns rank 0's view: every rank's torchrun variables,
-    ranks and shard, and every rank's weights after ``steps`` steps (gathered by
-    torch.distributed)."""
+    same function. ``steps`` epochs, each checkpointed by ``mlflow_hvd.torch`` (no Horovod
+    needed) and resumed from after a failure: rank 1 raises at the start of epoch 1 on
+    attempt ``fail_attempt_on_rank_1``. Returns rank 0's view: every rank's torchrun
+    variables, ranks, shard and weights (gathered by torch.distributed), and the epoch it
+    started from."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+    from mlflow_hvd import torch as hvd_torch
+
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])
-    if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == fail_attempt_on_rank_1 and rank == 1:
-        raise RuntimeError("rank 1 fails this attempt")
     horovod = None
     if with_horovod:
         import horovod.torch as hvd
@@ -129,22 +130,72 @@ def ddp_as_pytorch_writes_it(steps: int = 3, with_horovod: bool = False,
     loader = DataLoader(data, batch_size=4, sampler=sampler)
     torch.manual_seed(rank)  # each rank its own initial weights: DDP broadcasts rank 0's
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.001 * world)
+    optimizer = torch.optim.SGD(model.parameters(), lr=hvd_torch.scale_learning_rate(0.001))
+    start = hvd_torch.restore_from_checkpoint(model, optimizer)  # every rank gets it
     seen = []
-    for _ in range(steps):
+    for epoch in range(start, steps):
+        if epoch == 1 and int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == \
+                fail_attempt_on_rank_1:
+            dist.barrier()  # rank 0 committed epoch 0's checkpoint
+            if rank == 1:
+                raise RuntimeError("rank 1 fails this attempt")
         for x, y in loader:
             seen.extend(int(v) for v in y.flatten())
             optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
             optimizer.step()
+        hvd_torch.save_checkpoint(model, optimizer, epoch, epoch, {"loss": float(loss)})
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     mine = {"env": {k: os.environ.get(k) for k in TORCHRUN_VARS}, "rank": rank,
             "world": world, "local_rank": local_rank, "horovod": horovod,
-            "seen": sorted(set(seen)), "weights": weights.tolist()}
+            "seen": sorted(set(seen)), "weights": weights.tolist(),
+            "lr": optimizer.param_groups[0]["lr"]}
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine)
     dist.destroy_process_group()
-    return {"ranks": everyone}
+    return {"ranks": everyone, "start": start}
+
+
+def fsdp_gradients(steps: int = 1) -> dict[str, Any]:
+    """FSDP2 (``fully_shard`` on a CPU mesh, Gloo) next to a plain copy of the same model on
+    every rank, each rank its own batch: returns rank 0's view of the largest difference
+    between FSDP's sharded gradient (made whole) and the mean of the ranks' plain gradients
+    (pytorch#162338: Gloo asked for an average summing instead would double it), and what
+    each rank holds of the parameters."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    plain = copy.deepcopy(model)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    torch.manual_seed(100 + rank)
+    x = torch.randn(4, 8)
+    model(x).square().sum().backward()
+    plain(x).square().sum().backward()
+    worst, ratios = 0.0, []
+    for sharded, own in zip(model.parameters(), plain.parameters(), strict=True):
+        mean = own.grad.clone()
+        dist.all_reduce(mean)
+        mean /= world
+        full = sharded.grad.full_tensor()
+        worst = max(worst, float((full - mean).abs().max()))
+        ratios.append(float(full.norm() / mean.norm()))
+    held = sum(p.to_local().numel() for p in model.parameters())
+    whole = sum(p.numel() for p in plain.parameters())
+    dist.destroy_process_group()
+    return {"worst": worst, "ratios": ratios, "held": held, "whole": whole,
+            "torch": torch.__version__}
 
 
 def raise_on_rank_1() -> None:

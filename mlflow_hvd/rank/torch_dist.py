@@ -17,6 +17,7 @@ import linecache
 import logging
 import os
 import sys
+import time
 import types
 from collections.abc import Callable, Sequence
 
@@ -119,8 +120,8 @@ class Call:
     def __call__(self, **kwargs: object) -> object:
         if not self.use_gpu:
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        if not isinstance(self.target, str):
-            return self.target(*self.args, **kwargs)
+        if not isinstance(self.target, str):  # its locals outlive it (call_holding_locals)
+            return call_holding_locals(self.target, *self.args, **kwargs)
         path = self.target
         argv, sys.argv = sys.argv, [path, *map(str, self.args)]
         folder = os.path.dirname(os.path.abspath(path))
@@ -138,3 +139,42 @@ class Call:
             if added:
                 sys.path.remove(folder)
         return None
+
+
+# Frames of training functions kept past their return (see call_holding_locals)
+_held: list[types.FrameType] = []
+SETTLE = 0.05  # seconds without the GIL for Gloo's threads to finish with their last work
+
+
+def call_holding_locals(fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+    """``fn(*args, **kwargs)``, its frame (and so its locals) kept alive after it returns,
+    until :func:`release_locals`.
+
+    Why: a DistributedDataParallel model dropped with the function's locals takes the last
+    reference to its Gloo process group, whose destructor joins Gloo's threads while holding
+    the GIL (pytorch#56297) - and a Gloo thread that has just finished the function's last
+    collective needs the GIL to free that work's tensors: a deadlock, seen on one job in
+    three that ends with a collective and ``destroy_process_group()``. Under torchrun the
+    process exits there; a rank goes on (its report, a warm rank's next job). The profile
+    hook sees only the call of ``fn`` (it removes itself there)."""
+    def hook(frame: types.FrameType, event: str, arg: object) -> None:
+        del arg
+        if event == "call":
+            _held.append(frame)
+            sys.setprofile(None)
+
+    sys.setprofile(hook)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        sys.setprofile(None)
+
+
+def release_locals() -> None:
+    """Drop the frames :func:`call_holding_locals` kept, after letting Gloo's threads run
+    without the GIL for :data:`SETTLE` seconds when torch.distributed is in use."""
+    if not _held:
+        return
+    if MODULE in sys.modules:
+        time.sleep(SETTLE)  # releases the GIL: a Gloo thread frees its finished work
+    _held.clear()

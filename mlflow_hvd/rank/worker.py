@@ -134,12 +134,13 @@ def _run_job(client: ChannelClient, rank: int, host: str, job: NextJob,
         tracking_api.configure(payload.tracking, rank, local_rank, host)
         saved = job_env.enter(payload.tracking, rank) if payload.tracking else None
         try:
-            value = main_fn(**kwargs)
+            value = torch_dist.call_holding_locals(main_fn, **kwargs)
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise
             value = None
         finally:
+            torch_dist.release_locals()  # DDP's process group freed where it cannot deadlock
             if saved is not None:
                 job_env.leave(saved)
         shard.settle(kwargs)  # a job whose data was not fed fails, used or not

@@ -1,24 +1,24 @@
 """Rank side (inside the training function): PyTorch training functions under
-HorovodRunner.
+HorovodRunner, on ``horovod.torch`` or ``torch.distributed`` (DistributedDataParallel, FSDP).
 
-Training code uses ``horovod.torch`` exactly as Horovod documents it (``hvd.init()``,
-``hvd.DistributedOptimizer(opt, named_parameters=...)``, ``hvd.broadcast_parameters``,
-``hvd.broadcast_optimizer_state``, a ``DistributedSampler`` per rank). What Horovod leaves to
-the user, this module does for MLflow:
+Training code uses ``horovod.torch`` exactly as Horovod documents it, or ``torch.distributed``
+as PyTorch documents it. What both leave to the user, this module does for MLflow:
 
 * :func:`save_checkpoint` - rank 0 saves the model's and the optimizer's ``state_dict`` as an
   MLflow artifact of the job's run, with the epoch's metrics in the same write as the
-  latest-checkpoint tag (the layout of :mod:`mlflow_hvd.protocol.checkpoint_layout`);
+  latest-checkpoint tag (the layout of :mod:`mlflow_hvd.protocol.checkpoint_layout`); an
+  FSDP model's full state is gathered to rank 0 first (:mod:`.state`);
 * :func:`restore_from_checkpoint` - after a failure
-(``HorovodRunner(job=JobConfig(max_failures=...))``),
-  rank 0 loads the run's latest checkpoint and every rank learns the epoch to continue from;
-  the usual broadcasts then give every rank rank 0's state;
+  (``HorovodRunner(job=JobConfig(max_failures=...))``), rank 0 loads the run's latest
+  checkpoint and every rank learns the epoch to continue from (Horovod's broadcasts then give
+  every rank rank 0's state; under torch.distributed every rank is given it);
 * :func:`log_model` - ``mlflow.pytorch.log_model`` of the trained module into the job's
   run, loadable by another process (the module's class travels by value when it is the
   training code's own, not an installed package's);
 * :func:`scale_learning_rate`.
 
-Every function is a no-op (or returns what every rank needs) on ranks other than 0.
+Every function is a no-op (or returns what every rank needs) on ranks other than 0, apart
+from the collectives named.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.checkpoint_layout import TORCH_FILE
 from mlflow_hvd.rank.tracking import api as tracking_api
 from mlflow_hvd.rank.tracking import checkpoints, requirements
+from mlflow_hvd.torch import state, world
 
 __all__ = ["log_model", "restore_from_checkpoint", "save_checkpoint", "scale_learning_rate"]
 
@@ -40,11 +41,14 @@ CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "global_step")
 
 
 def scale_learning_rate(learning_rate: float) -> float:
-    """``learning_rate * hvd.size()``: step 4 of Horovod's migration (the effective batch
-    is ``size`` times larger)."""
-    import horovod.torch as hvd
+    """``learning_rate`` times the number of ranks: step 4 of Horovod's migration (the
+    effective batch is that many times larger), under ``horovod.torch`` or
+    ``torch.distributed`` alike.
 
-    return learning_rate * hvd.size()
+    Raises:
+        ConfigurationError: Neither ``hvd.init()`` nor ``dist.init_process_group()`` ran.
+    """
+    return learning_rate * world.current().size
 
 
 def save_checkpoint(model: Any, optimizer: Any, epoch: int, global_step: int,
@@ -53,35 +57,45 @@ def save_checkpoint(model: Any, optimizer: Any, epoch: int, global_step: int,
     job's run (``checkpoints/epoch_<N>/checkpoint.pt``, a ``torch.save`` of their
     ``state_dict``) and move the latest-checkpoint tag; with ``log_metrics`` (default) the
     epoch's ``metrics`` go in the same write at step ``epoch``, so a resumed run repeats and
-    skips no step. A no-op on other ranks: call it on every rank."""
-    if not tracking_api.is_logging_rank():
+    skips no step. Call it on every rank: a no-op on other ranks, except that an FSDP
+    model's full state is first gathered to rank 0's CPU (a collective). A
+    DistributedDataParallel model is saved as its inner module (loadable into a plain
+    one)."""
+    sharded = state.is_sharded(model)
+    if not sharded and not tracking_api.is_logging_rank():
+        return
+    gathered = state.gather(model, optimizer)
+    if gathered is None or not tracking_api.is_logging_rank():
         return
     import torch
 
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "epoch": epoch, "global_step": global_step}
-    checkpoints.save_with(lambda path: torch.save(state, path), TORCH_FILE, epoch,
+    gathered.update(epoch=epoch, global_step=global_step)
+    checkpoints.save_with(lambda path: torch.save(gathered, path), TORCH_FILE, epoch,
                           global_step, metrics, log_metrics)
 
 
 def restore_from_checkpoint(model: Any, optimizer: Any, run_id: str | None = None) -> int:
-    """Resume: rank 0 loads the latest checkpoint of ``run_id`` (default: the job's own run)
-    into ``model`` and ``optimizer``; returns the epoch to continue from (0 without a
-    checkpoint), the same on every rank.
+    """Resume: rank 0 loads the latest checkpoint of ``run_id`` (default: the job's own run);
+    returns the epoch to continue from (0 without a checkpoint), the same on every rank.
+    Call it on every rank.
 
-    Call on every rank before broadcasting the initial state
-    (``hvd.broadcast_parameters`` / ``hvd.broadcast_optimizer_state`` from rank 0), which then
-    gives every rank the restored state. A checkpoint written by another number of ranks
-    (an elastic job that shrank or grew) has each parameter group's restored ``lr``
-    multiplied by ``hvd.size()`` over that number, as ``scale_learning_rate`` scales it.
+    Under ``horovod.torch`` rank 0 loads it into ``model`` and ``optimizer``: call it before
+    broadcasting the initial state (``hvd.broadcast_parameters`` /
+    ``hvd.broadcast_optimizer_state`` from rank 0), which then gives every rank the
+    restored state. Under ``torch.distributed`` every rank ends with it: rank 0 sends it to
+    the others (a DistributedDataParallel model already broadcast its initial state when it
+    was wrapped), and an FSDP model loads each rank's shard of it. A checkpoint written by
+    another number of ranks (an elastic job that shrank or grew) has each parameter group's
+    restored ``lr`` multiplied by the number of ranks over that number, as
+    ``scale_learning_rate`` scales it.
 
     Raises:
-        ConfigurationError: The run's latest checkpoint is not a PyTorch one (a Keras job's).
+        ConfigurationError: The run's latest checkpoint is not a PyTorch one (a Keras job's),
+            or neither collective is initialised.
     """
-    import horovod.torch as hvd
-
-    start = 0
-    if hvd.rank() == 0:
+    ranks = world.current()
+    start, factor, loaded = 0, 1.0, None
+    if ranks.rank == 0:
         ref, uri = checkpoints.to_resume(run_id)
         if ref is not None:
             if not ref.artifact_path.endswith("/" + TORCH_FILE):
@@ -93,22 +107,31 @@ def restore_from_checkpoint(model: Any, optimizer: Any, run_id: str | None = Non
             import torch
 
             with scratch.owned_dir("restore") as tmp:
-                state = torch.load(checkpoints.download(ref, tmp, uri), map_location="cpu",
-                                   weights_only=True)
-                factor = checkpoints.lr_rescale(ref, tmp, hvd.size(), uri)
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+                loaded = torch.load(checkpoints.download(ref, tmp, uri), map_location="cpu",
+                                    weights_only=True)
+                factor = checkpoints.lr_rescale(ref, tmp, ranks.size, uri)
             if factor != 1.0:  # written by another number of ranks: the rate follows size
-                for group in optimizer.param_groups:
-                    group["lr"] *= factor
                 print(f"mlflow_hvd: the checkpoint of epoch {ref.epoch} was written by "
-                      f"{round(hvd.size() / factor)} ranks; the learning rate it restored is "
-                      f"scaled by {factor:g} for {hvd.size()}", file=sys.stderr)
+                      f"{round(ranks.size / factor)} ranks; the learning rate it restored is "
+                      f"scaled by {factor:g} for {ranks.size}", file=sys.stderr)
             start = ref.epoch + 1
             tracking_api.set_tag("mlflow_hvd.resumed_from", f"{ref.run_id}@epoch_{ref.epoch}")
-    if hvd.size() > 1:
-        start = int(hvd.broadcast_object(start, root_rank=0))
-    return start
+    if ranks.size > 1:
+        start, factor = ranks.broadcast((start, factor))  # type: ignore[misc]
+    if start == 0:
+        return 0
+    if state.is_sharded(model):
+        state.load(model, optimizer, loaded)  # every rank: its shard, from rank 0's
+    elif ranks.kind == "torch.distributed" and ranks.size > 1:
+        state.load(model, optimizer, ranks.broadcast(loaded))  # type: ignore[arg-type]
+    elif ranks.rank == 0:  # Horovod: the user's broadcasts give the others rank 0's
+        state.load(model, optimizer, loaded)
+    else:
+        return int(start)
+    if factor != 1.0:
+        for group in optimizer.param_groups:
+            group["lr"] *= factor
+    return int(start)
 
 
 def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
@@ -129,6 +152,13 @@ def log_model(model: Any, name: str = "model", **kwargs: Any) -> Any:
     """
     if not tracking_api.is_logging_rank():
         return None
+    if state.is_sharded(model):
+        raise ConfigurationError(
+            "log_model of a model sharded with fully_shard: rank 0 holds only its shard. "
+            "Log the trained model from its gathered state instead: save_checkpoint gathers "
+            "it into the run, and mlflow.pytorch.log_model of an unsharded module loaded "
+            "from it")
+    model = state.unwrapped(model)  # DistributedDataParallel: the module it trains
     import cloudpickle
 
     if kwargs.get("input_example") is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from typing import Any
 
 from mlflow_hvd.backends.spark import private
@@ -71,15 +70,16 @@ class RemovalWatch:
             self._counted = count
 
 
-_watches: weakref.WeakKeyDictionary[Any, RemovalWatch] = weakref.WeakKeyDictionary()
+ATTRIBUTE = "_mlflow_hvd_removals"  # where a context keeps its watch (it lives as long)
 _lock = threading.Lock()
 
 
 def watch(sc: Any) -> RemovalWatch:
     """The watch of ``sc`` (a ``SparkContext``), started on the first call."""
     with _lock:
-        found = _watches.get(sc)
+        found = getattr(sc, ATTRIBUTE, None)
         if found is None:
-            found = _watches[sc] = RemovalWatch(sc)
+            found = RemovalWatch(sc)
+            setattr(sc, ATTRIBUTE, found)
             log.debug("watching why Spark removes executors of %s", sc)
         return found

@@ -112,3 +112,17 @@ def test_worker_env_drops_a_torchrun_of_the_drivers_own() -> None:
     base = {"PATH": "/bin", "RANK": "5", "WORLD_SIZE": "8", "MASTER_ADDR": "elsewhere",
             "MASTER_PORT": "29500", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}
     assert worker_env(base, {"RANK": "1"}) == {"PATH": "/bin", "RANK": "1"}
+
+
+def test_a_rank_asking_nccl_without_a_gpu_is_told_to_use_gloo() -> None:
+    from mlflow_hvd.rank.torch_dist import hint
+
+    for said in (RuntimeError("Distributed package doesn't have NCCL built in"),  # CPU build
+                 ValueError("ProcessGroupNCCL is only supported with GPUs, no GPUs found!")):
+        assert hint(said) == (
+            " - init_process_group(\"nccl\") needs a GPU for each rank, and this rank has "
+            "none (a CPU-only host, a CPU build of torch, or TorchDistributor(use_gpu=False)):"
+            " use \"gloo\" on CPUs, e.g. init_process_group(\"nccl\" if "
+            "torch.cuda.is_available() else \"gloo\")")
+    assert hint(RuntimeError("something else")) == ""
+    assert hint(KeyError("Distributed package doesn't have NCCL built in")) == ""

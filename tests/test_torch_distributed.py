@@ -13,7 +13,7 @@ import mlflow
 import pytest
 import workers
 
-from mlflow_hvd import HorovodRunner, JobConfig
+from mlflow_hvd import HorovodRunner, JobConfig, WorkerFailedError
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +89,16 @@ def test_ddp_on_spark_barrier_tasks_joins_the_store_on_the_drivers_address_again
     run = client.get_run(str(runner.last_run_id))
     assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run.info.run_id}@epoch_0"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1, 2]
+
+
+def test_nccl_asked_on_a_rank_without_a_gpu_is_named_with_what_to_use() -> None:
+    with pytest.raises(WorkerFailedError) as failed:
+        HorovodRunner(np=-2, job=JobConfig(stop_grace=2)).run(workers.nccl_on_cpu)
+    text = str(failed.value)
+    assert "Distributed package doesn't have NCCL built in" in text, text  # torch's words
+    assert ("init_process_group(\"nccl\") needs a GPU for each rank, and this rank has "
+            "none") in text, text
+    assert "use \"gloo\" on CPUs" in text, text
 
 
 @pytest.mark.new_end

@@ -157,6 +157,13 @@ def ddp_as_pytorch_writes_it(steps: int = 3, with_horovod: bool = False,
     return {"ranks": everyone, "start": start}
 
 
+def nccl_on_cpu() -> None:
+    """``init_process_group("nccl")`` as GPU code writes it, on a rank without a GPU."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")
+
+
 def fsdp_gradients(steps: int = 1) -> dict[str, Any]:
     """FSDP2 (``fully_shard`` on a CPU mesh, Gloo) next to a plain copy of the same model on
     every rank, each rank its own batch: returns rank 0's view of the largest difference

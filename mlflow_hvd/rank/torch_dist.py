@@ -178,3 +178,20 @@ def release_locals() -> None:
     if MODULE in sys.modules:
         time.sleep(SETTLE)  # releases the GIL: a Gloo thread frees its finished work
     _held.clear()
+
+
+# torch's words (2.13's CPU build: RuntimeError; 2.14's CUDA build on a host without a GPU:
+# ValueError)
+_NO_GPU_FOR_NCCL = ("doesn't have NCCL built in", "ProcessGroupNCCL is only supported with GPUs")
+
+
+def hint(exc: BaseException) -> str:
+    """What to do about ``exc``, a rank's error, when torch's own words do not say it
+    (appended to the rank's error); "" otherwise."""
+    text = str(exc)
+    if isinstance(exc, RuntimeError | ValueError) and any(w in text for w in _NO_GPU_FOR_NCCL):
+        return (" - init_process_group(\"nccl\") needs a GPU for each rank, and this rank has "
+                "none (a CPU-only host, a CPU build of torch, or TorchDistributor(use_gpu="
+                "False)): use \"gloo\" on CPUs, e.g. init_process_group(\"nccl\" if "
+                "torch.cuda.is_available() else \"gloo\")")
+    return ""

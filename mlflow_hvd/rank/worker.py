@@ -304,7 +304,7 @@ def _report(client: ChannelClient, rank: int, host: str, exc: BaseException) -> 
     tb = "".join(traceback.format_exception(exc))
     sys.stderr.write(tb)
     sys.stderr.flush()
-    summary = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    summary = f"{type(exc).__name__}: {exc}".rstrip(": ") + torch_dist.hint(exc)
     client.send(WorkerError(rank, host, summary, tb, time.time()))
     return EXIT_USER_ERROR
 

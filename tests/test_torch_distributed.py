@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime
 import socket
+import time
+from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -89,6 +91,25 @@ def test_ddp_on_spark_barrier_tasks_joins_the_store_on_the_drivers_address_again
     run = client.get_run(str(runner.last_run_id))
     assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run.info.run_id}@epoch_0"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1, 2]
+
+
+def test_a_rank_killed_between_allreduces_is_named_within_seconds_and_no_rank_is_left(
+        tmp_path: Path) -> None:
+    """Gloo's own timeout is 30 minutes: the job ends on the killed rank's exit, naming it,
+    and the rank left inside an allreduce is stopped with it."""
+    import psutil
+
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as failed:
+        HorovodRunner(np=-2, job=JobConfig(stop_grace=2)).run(
+            workers.ddp_killed_mid_allreduce, pid_dir=str(tmp_path))
+    took = time.monotonic() - started
+    assert str(failed.value).startswith(
+        "Rank 1 on host localhost failed (killed by signal SIGKILL)"), str(failed.value)
+    assert took < 60, took  # the ranks' start included; a Gloo wait would be 30 minutes
+    pids = [int((tmp_path / f"rank{r}").read_text()) for r in (0, 1)]
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], pids
 
 
 def test_nccl_asked_on_a_rank_without_a_gpu_is_named_with_what_to_use() -> None:

@@ -157,6 +157,24 @@ def ddp_as_pytorch_writes_it(steps: int = 3, with_horovod: bool = False,
     return {"ranks": everyone, "start": start}
 
 
+def ddp_killed_mid_allreduce(pid_dir: str) -> None:
+    """Rank 1 is killed (SIGKILL) between two of the job's allreduces; rank 0 goes on into
+    the next, whose peer is gone. Each rank first writes its pid to ``pid_dir``."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    Path(pid_dir, f"rank{rank}").write_text(str(os.getpid()))
+    tensor = torch.ones(1 << 20)
+    for _ in range(3):
+        dist.all_reduce(tensor)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    for _ in range(3):
+        dist.all_reduce(tensor)
+
+
 def nccl_on_cpu() -> None:
     """``init_process_group("nccl")`` as GPU code writes it, on a rank without a GPU."""
     import torch.distributed as dist

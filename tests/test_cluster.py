@@ -53,7 +53,7 @@ def client(cluster: Cluster) -> Iterator[Any]:
 
 @dataclass(frozen=True)
 class Batch:
-    """What one driver program's four jobs did (:func:`batch`): each case's value or error
+    """What one driver program's five jobs did (:func:`batch`): each case's value or error
     (with the seconds from its ``run()`` to the error), and where they wrote."""
 
     cases: dict[str, Any]
@@ -66,9 +66,10 @@ class Batch:
 @pytest.fixture(scope="module")
 def batch(cluster: Cluster, _loopback_server: Any,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Batch]:
-    """Four failure and placement cases that need no session of their own run as four jobs
-    of one driver program (one Spark application: its executors start once), each with the
-    tracking URI its case needs; each test below asserts one case."""
+    """Four failure and placement cases and a torch.distributed job that need no session of
+    their own run as five jobs of one driver program (one Spark application: its executors
+    start once), each with the tracking URI its case needs; each test below asserts one
+    case."""
     from cluster import STATE
 
     root = tmp_path_factory.mktemp("cluster-batch")
@@ -110,10 +111,44 @@ def batch(cluster: Cluster, _loopback_server: Any,
         case("gpus", {cluster.mlflow_url!r}, None,
              HorovodRunner(np=4, spark=spark, tracking=TrackingConfig(track=False)),
              workers.gpu_view, out_dir={str(views)!r})
+        ddp = HorovodRunner(np=4, spark=spark)
+        case("ddp", {cluster.mlflow_url!r}, "cluster-ddp", ddp, workers.ddp_as_pytorch_writes_it)
+        result["ddp_run"] = ddp.last_run_id
+        result["driver_host"] = spark.sparkContext.getConf().get("spark.driver.host")
     """, root, timeout=600)
     assert "error" not in out, out  # the program itself, not a case, failed
     yield Batch(out, store_uri, _loopback_server.url, experiment, views)
     shutil.rmtree(views, ignore_errors=True)
+
+
+def test_ddp_code_on_two_hosts_joins_the_store_on_the_driver_with_torchruns_node_layout(
+        batch: Batch, client: Any) -> None:
+    """torch.distributed code on four ranks over two hosts (no shared disk): torchrun's
+    variables with each host a node (GROUP_RANK), the store on the driver's address, Gloo on
+    the interface Horovod's Gloo finds; DDP keeps the ranks equal, and rank 0's checkpoints
+    reach the tracking server over HTTP."""
+    assert "value" in batch.cases["ddp"], batch.cases["ddp"]
+    out = batch.cases["ddp"]["value"]
+    ranks = out["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    nodes = sorted({r["host"] for r in ranks}, key=lambda h: min(
+        r["rank"] for r in ranks if r["host"] == h))
+    assert len(nodes) == 2
+    port = ranks[0]["env"]["MASTER_PORT"]
+    for r in ranks:
+        env = r["env"]
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+            str(r["rank"]), "4", "2"), env
+        assert env["GROUP_RANK"] == str(nodes.index(r["host"])), (r["host"], env)
+        assert env["GROUP_WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == str(r["local_rank"])
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (batch.cases["driver_host"], port)
+        assert env["GLOO_SOCKET_IFNAME"] == NODE_IFACE
+    seen = [set(r["seen"]) for r in ranks]
+    assert set().union(*seen) == set(range(16)) and sum(len(s) for s in seen) == 16
+    assert len({tuple(r["weights"]) for r in ranks}) == 1
+    run_id = batch.cases["ddp_run"]
+    assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == [
+        "checkpoints/epoch_0", "checkpoints/epoch_1", "checkpoints/epoch_2"]
 
 
 SLOT_TIMEOUT = 10

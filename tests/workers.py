@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,7 @@ def ddp_as_pytorch_writes_it(steps: int = 3, with_horovod: bool = False,
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     mine = {"env": {k: os.environ.get(k) for k in TORCHRUN_VARS}, "rank": rank,
             "world": world, "local_rank": local_rank, "horovod": horovod,
+            "host": socket.gethostname(),
             "seen": sorted(set(seen)), "weights": weights.tolist(),
             "lr": optimizer.param_groups[0]["lr"]}
     everyone: list[Any] = [None] * world

@@ -178,3 +178,16 @@ def test_the_drivers_store_binds_a_port_at_once_serves_when_asked_and_releases_i
     store.close()  # idempotent
     with socket.create_server(("127.0.0.1", store.port)):  # free again
         pass
+    # a driver host that is not an address of this machine (behind NAT; 198.51.100.0/24 is
+    # a documentation range): every interface, as the job's channel does
+    elsewhere = TorchStore("198.51.100.250")
+    try:
+        assert elsewhere.host == ""
+        elsewhere.serve()
+        client = TCPStore("127.0.0.1", elsewhere.port, None, False,
+                          datetime.timedelta(seconds=30))
+        client.set("key", "value")
+        assert client.get("key") == b"value"
+        del client
+    finally:
+        elsewhere.close()

@@ -16,7 +16,8 @@ offers no store (the ranks get no ``MASTER_PORT``, and torch says so at once).
 
 Security: torch's ``TCPStore`` has no authentication; anyone who can reach the driver's
 address during the job can read and write its keys (Gloo's peer addresses). It listens
-only on the job's own address, only for the job's life, on a port chosen for it.
+only on the job's own address (on every interface only where that address is not one of
+this host's, as the job's channel does), only for the job's life, on a port chosen for it.
 """
 
 from __future__ import annotations
@@ -45,11 +46,15 @@ class TorchStore:
     seconds); :meth:`close` ends both. Thread-safe."""
 
     def __init__(self, host: str) -> None:
-        self.host = host
         self._lock = threading.Lock()
-        self._socket: socket.socket | None = socket.create_server(
-            (host, 0), family=_family(host), backlog=BACKLOG)
-        self.port: int = self._socket.getsockname()[1]
+        try:
+            listening = socket.create_server((host, 0), family=_family(host), backlog=BACKLOG)
+        except OSError:  # not an address of this host (e.g. behind NAT): as the channel does,
+            host = ""  # every interface
+            listening = socket.create_server((host, 0), backlog=BACKLOG)
+        self.host = host
+        self._socket: socket.socket | None = listening
+        self.port: int = listening.getsockname()[1]
         self._store: Any = None
         self._serving = False
         self._closed = False
@@ -70,7 +75,9 @@ class TorchStore:
                 if self._closed or self._socket is None:
                     return
                 # the store owns the listening socket from now on (and closes it)
-                self._store = TCPStore(self.host, self.port, None, True, STORE_TIMEOUT,
+                # the server's own client connects to it: loopback when on every interface
+                self._store = TCPStore(self.host or "127.0.0.1", self.port, None, True,
+                                       STORE_TIMEOUT,
                                        wait_for_workers=False,
                                        master_listen_fd=self._socket.fileno())
                 self._socket.detach()

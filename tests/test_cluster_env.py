@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,9 @@ def test_mlflow_run_as_typed_ships_the_environment_it_created_and_pack_env_finds
     """`mlflow run . -P np=4` (MLflow's virtualenv manager): the environment MLflow made on
     the driver is packed, shipped to both nodes and trains there; then the same
     environment, used as one's own, finds that archive with the documented command."""
-    project = tmp_path / "project"
+    # a path no earlier run installed into MLflow's environment (it outlives the run, and
+    # pytest's numbered temporary directories repeat once /tmp is cleaned)
+    project = tmp_path / f"project-{uuid.uuid4().hex[:8]}"
     shutil.copytree(REPO, project, ignore=shutil.ignore_patterns(
         ".venv*", ".git", "__pycache__", "*.db", "mlruns", ".*_cache", "*.egg-info"))
     proc = _mlflow_run(bare, project, project)

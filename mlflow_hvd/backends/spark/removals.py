@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from mlflow_hvd.backends.spark import private
@@ -35,10 +36,7 @@ class RemovalWatch:
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[str, str]] = {}  # executor id -> (host, reason)
         self._counted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="mlflow-hvd-removals",
-                                        daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._loop, name="mlflow-hvd-removals", daemon=True).start()
 
     def removed(self) -> list[tuple[str, str]]:
         """(host, reason) of every executor Spark removed, oldest first: what the watch kept,
@@ -47,13 +45,10 @@ class RemovalWatch:
         with self._lock:
             return list(self._seen.values())
 
-    def close(self) -> None:
-        self._stop.set()
-
     def _loop(self) -> None:
-        while not self._stop.is_set() and not private.context_stopped(self._sc):
+        while not private.context_stopped(self._sc):
             self._look()
-            self._stop.wait(self._period)
+            time.sleep(self._period)
         self._look()  # the last events, if the store is still open
 
     def _look(self) -> None:

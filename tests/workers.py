@@ -386,10 +386,8 @@ def _quadratic(hvd: Any, tensor: Any, x: float, y: int, fail_marker: str) -> flo
     from mlflow_hvd import tracking
 
     hvd.init()
-    if fail_marker and not os.path.exists(fail_marker):
-        hvd.join()
+    if fail_marker and _first_to_claim(hvd, tensor, fail_marker):
         if hvd.rank() == 0:
-            open(fail_marker, "w").close()
             raise RuntimeError("first trial fails on purpose")
         return 0.0
     mean_x = float(hvd.allreduce(tensor(float(x)), op=hvd.Average))
@@ -397,6 +395,20 @@ def _quadratic(hvd: Any, tensor: Any, x: float, y: int, fail_marker: str) -> flo
     tracking.log_metrics({"val_loss": loss + 1.0}, step=0)
     tracking.log_metrics({"val_loss": loss}, step=1)  # the last step's value counts
     return loss
+
+
+def _first_to_claim(hvd: Any, tensor: Any, marker: str) -> bool:
+    """Whether this job is the first to create ``marker``: rank 0 creates it atomically
+    (trials running at once race for it: a check then a write let two of them fail) and
+    the verdict reaches every rank in an allreduce."""
+    claimed = 0.0
+    if hvd.rank() == 0:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            claimed = 1.0
+        except FileExistsError:
+            pass
+    return float(hvd.allreduce(tensor(claimed), op=hvd.Sum)) > 0
 
 
 def model_trial(x: float, offset: float = 0.0) -> float:

@@ -23,7 +23,7 @@ from mlflow_hvd.common.config import ClusterConfig, JobConfig, TrackingConfig
 from mlflow_hvd.common.horovod_env import HorovodOptions
 from mlflow_hvd.common.naming import callable_name
 from mlflow_hvd.common.options import check_np
-from mlflow_hvd.driver.feed import Feed, split_frames
+from mlflow_hvd.driver.feed import Feed, split_frames, with_shard_args
 from mlflow_hvd.driver.job import Job, new_job_id
 from mlflow_hvd.driver.options import runner_options
 from mlflow_hvd.driver.payload import check_call, dumps_code, dumps_payload
@@ -206,9 +206,10 @@ class HorovodRunner:
             raise JobStopped(f"{callable_name(main)} was stopped before it started")
         check_call(main, kwargs)
         compat.check_driver(self.num_processor)
-        # DataFrames: each rank gets its own shard
-        kwargs, feed = split_frames(kwargs, self._spark, self.cluster.data_compression)
-        code = dumps_code(main, kwargs)  # once; unpicklable input fails before MLflow
+        # DataFrames, passed or held by the code (converters): each rank gets its own
+        # shard; the code is pickled once, and unpicklable input fails before MLflow
+        code, held = dumps_code(main, with_shard_args(kwargs))
+        kwargs, feed = split_frames(kwargs, self._spark, self.cluster.data_compression, held)
         self._placement.new_run()
         self.prepare()  # a new SparkSession boots while MLflow's run is being set up
         settings = dataclasses.replace(self._options.settings, log_prefix=hooks.log_prefix)

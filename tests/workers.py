@@ -1436,3 +1436,150 @@ def keras_lr_resumed(epochs: int) -> dict[str, Any]:
               verbose=0, callbacks=[hvd_keras.BroadcastGlobalVariablesCallback(0),
                                     hvd_keras.MlflowCallback(checkpoint=True)])
     return {"initial": initial, "lr": lr, "size": hvd.size()}
+
+
+# --- mlflow_hvd.petastorm: notebook code written for Petastorm's converter ----------------
+def petastorm_keras_fit(train: Any, val: Any, batch_size: int = 32,
+                        epochs: int = 2) -> dict[str, Any]:
+    """Databricks' HorovodRunner + Petastorm notebook, imports changed: Keras ``fit`` on
+    ``make_tf_dataset`` (infinite) with ``steps_per_epoch = len(converter) // (batch_size *
+    hvd.size())``, a validation converter beside it, the eight steps."""
+    import horovod.tensorflow as hvd
+    import keras
+
+    from mlflow_hvd import keras as hvd_keras
+
+    hvd.init()
+    steps = len(train) // (batch_size * hvd.size())
+    val_steps = max(1, len(val) // (batch_size * hvd.size()))
+    with train.make_tf_dataset(batch_size=batch_size, cur_shard=hvd.rank(),
+                               shard_count=hvd.size()) as train_ds, \
+            val.make_tf_dataset(batch_size=batch_size, cur_shard=hvd.rank(),
+                                shard_count=hvd.size()) as val_ds:
+        first = next(iter(train_ds))
+        train_ds = train_ds.map(lambda b: (b.x, b.label))
+        val_ds = val_ds.map(lambda b: (b.x, b.label))
+        optimizer = hvd_keras.DistributedOptimizer(
+            keras.optimizers.SGD(hvd_keras.scale_learning_rate(0.01)))
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+        history = model.fit(train_ds, steps_per_epoch=steps, epochs=epochs, verbose=0,
+                            validation_data=val_ds, validation_steps=val_steps,
+                            callbacks=[hvd_keras.BroadcastGlobalVariablesCallback(0)])
+    return {"losses": history.history["loss"], "val_losses": history.history["val_loss"],
+            "fields": list(first._fields), "x": (tuple(first.x.shape), first.x.dtype.name),
+            "label": first.label.dtype.name, "id": first.id.dtype.name, "steps": steps}
+
+
+def petastorm_torch_loop(train: Any, val: Any, batch_size: int = 32,
+                         epochs: int = 2) -> dict[str, Any]:
+    """The torch half of that notebook: ``make_torch_dataloader`` (infinite), one iterator
+    kept across epochs of ``len(converter) // (batch_size * hvd.size())`` steps, a
+    ``TransformSpec`` that adds a column from a pandas DataFrame; then one finite pass of
+    the validation converter, its loss averaged over the ranks."""
+    import horovod.torch as hvd
+    import numpy as np
+    import torch
+
+    from mlflow_hvd.petastorm import TransformSpec
+
+    def double(frame: Any) -> Any:
+        frame["x2"] = frame["x"].map(lambda v: np.asarray(v) * 2.0)
+        return frame.drop(columns=["x"])
+
+    spec = TransformSpec(double, edit_fields=[("x2", np.float32, (4,), False)],
+                         selected_fields=["x2", "label"])
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(),
+                                                         lr=0.01 * hvd.size()),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    steps = len(train) // (batch_size * hvd.size())
+    losses = []
+    with train.make_torch_dataloader(batch_size=batch_size, cur_shard=hvd.rank(),
+                                     shard_count=hvd.size(), transform_spec=spec) as loader:
+        batches = iter(loader)
+        first = None
+        for _ in range(epochs):
+            for _ in range(steps):
+                batch = next(batches)
+                first = first or batch
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(batch["x2"]).squeeze(1),
+                                                    batch["label"].float())
+                loss.backward()
+                optimizer.step()
+            losses.append(float(loss))
+    assert first is not None
+    total, count = 0.0, 0
+    with torch.no_grad(), val.make_torch_dataloader(batch_size=batch_size, num_epochs=1,
+                                                    cur_shard=hvd.rank(),
+                                                    shard_count=hvd.size()) as loader:
+        for batch in loader:
+            pred = model(batch["x"]).squeeze(1)
+            total += float(torch.nn.functional.mse_loss(pred, batch["label"], reduction="sum"))
+            count += len(batch["label"])
+    val_loss = float(hvd.allreduce(torch.tensor(total / count), op=hvd.Average))
+    return {"losses": losses, "keys": list(first), "val_loss": val_loss,
+            "x2": (tuple(first["x2"].shape), str(first["x2"].dtype))}
+
+
+def petastorm_census(train: Any, batch_size: int = 48,
+                     with_tf: bool = True) -> list[dict[str, Any]]:
+    """Every row each rank reads (allgathered): one finite pass through each face
+    (``num_epochs=1``: the last batch may be short), and infinite streams read for more
+    than two passes; ``with_tf=False``: the torch face only."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    shard = {"cur_shard": hvd.rank(), "shard_count": hvd.size()}
+    with train.make_torch_dataloader(batch_size=batch_size, num_epochs=1, **shard) as loader:
+        torch_batches = [b["id"].tolist() for b in loader]
+    tf_batches, endless_tf = [], []
+    if with_tf:
+        with train.make_tf_dataset(batch_size=batch_size, num_epochs=1, **shard) as ds:
+            tf_batches = [b.id.numpy().tolist() for b in ds]
+    with train.make_torch_dataloader(batch_size=batch_size, num_epochs=2,
+                                     shuffle_row_groups=False, **shard) as loader:
+        in_order = [i for b in loader for i in b["id"].tolist()]
+    rows = sum(len(b) for b in torch_batches)
+    with train.make_torch_dataloader(batch_size=batch_size, **shard) as loader:
+        endless = []
+        for batch in loader:
+            endless.extend(batch["id"].tolist())
+            if len(endless) >= 2 * rows + batch_size:
+                break
+    if with_tf:
+        with train.make_tf_dataset(batch_size=batch_size, **shard) as ds:
+            endless_tf = [int(i) for b in ds.take(2 * rows // batch_size + 2)
+                          for i in b.id.numpy()]
+    return hvd.allgather_object({"tf": tf_batches, "torch": torch_batches,
+                                 "in_order": in_order, "endless": endless,
+                                 "endless_tf": endless_tf, "rows": rows})
+
+
+def petastorm_refusals(train: Any) -> list[str]:
+    """What this feed cannot honour, each refused by name on the rank."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    shard = {"cur_shard": hvd.rank(), "shard_count": hvd.size()}
+    said = []
+    for call in (
+        lambda: train.make_tf_dataset(batch_size=8),
+        lambda: train.make_tf_dataset(batch_size=8, cur_shard=0, shard_count=1),
+        lambda: train.make_torch_dataloader(predicate=object(), **shard),
+        lambda: train.make_torch_dataloader(reader_pool_type="process", **shard),
+        lambda: train.make_torch_dataloader(data_loader_fn=list, **shard),
+        lambda: train.make_tf_dataset(schema_fields=["nope"], **shard),
+        lambda: train.make_tf_dataset(no_such_argument=1, **shard),
+    ):
+        try:
+            call()
+        except Exception as exc:
+            said.append(f"{type(exc).__name__}: {exc}")
+        else:
+            said.append("accepted")
+    return said

@@ -85,21 +85,35 @@ class Feed:
         return union.repartition(np)
 
 
+def with_shard_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with each DataFrame replaced by a :class:`ShardArg` (what the ranks get)."""
+    return {name: ShardArg(name) if is_dataframe(value) else value
+            for name, value in kwargs.items()}
+
+
 def split_frames(kwargs: Mapping[str, Any], spark: Any = None,
-                 compression: str | None = None) -> tuple[dict[str, Any], Feed | None]:
+                 compression: str | None = None,
+                 held: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], Feed | None]:
     """``kwargs`` with each DataFrame replaced by a :class:`ShardArg`, and the
-    :class:`Feed` of those DataFrames (None when there are none).
+    :class:`Feed` of those DataFrames and of ``held`` (None when there are none).
 
     Args:
         kwargs: The keyword arguments of ``run``.
         spark: The runner's SparkSession, if it has one; every DataFrame must belong to it.
         compression: How the tasks compress the shards they write ("lz4", "zstd", None).
+        held: DataFrames the code holds (:mod:`mlflow_hvd.driver.captured`), by their
+            argument names: fed as the keyword ones, after them.
 
     Raises:
         DataInputError: A column type that cannot be fed, a DataFrame of another (or a
             stopped) SparkSession.
     """
     found = [(name, value) for name, value in kwargs.items() if is_dataframe(value)]
+    for name, value in (held or {}).items():
+        if name in kwargs:
+            raise DataInputError(f"the keyword {name}= is the name of a converter's "
+                                 "DataFrame the function holds: rename the keyword")
+        found.append((name, value))
     if not found:
         return dict(kwargs), None
     _check_sessions(found, spark)
@@ -109,9 +123,7 @@ def split_frames(kwargs: Mapping[str, Any], spark: Any = None,
         spec, projection = _project(argument, tag, frame, fields, tagged=len(found) > 1)
         specs.append(spec)
         projections.append(projection)
-    replaced = {name: ShardArg(name) if is_dataframe(value) else value
-                for name, value in kwargs.items()}
-    return replaced, Feed(FeedSpec(tuple(specs), compression), tuple(found),
+    return with_shard_args(kwargs), Feed(FeedSpec(tuple(specs), compression), tuple(found),
                           tuple(projections))
 
 

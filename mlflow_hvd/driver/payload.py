@@ -22,14 +22,18 @@ import cloudpickle
 
 from mlflow_hvd.common import code_sources
 from mlflow_hvd.common.naming import callable_name
+from mlflow_hvd.driver import captured
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.messages import Code, Payload, TrackingTarget
 
 _PICKLING = threading.Lock()  # concurrent runs (a sweep's slots) pickle in turn
 
 
-def dumps_code(main: Callable[..., Any], kwargs: dict[str, Any]) -> Code:
+def dumps_code(main: Callable[..., Any], kwargs: dict[str, Any]
+               ) -> tuple[Code, dict[str, Any]]:
     """cloudpickle ``(main, kwargs)`` once per ``run``; the caller's own modules go by value.
+    Returns the code and the DataFrames it holds that must be fed to the ranks
+    (:mod:`mlflow_hvd.driver.captured`: argument -> DataFrame).
 
     Installed packages and the standard library stay by reference (workers import them).
     The module of ``main`` and the other user modules loaded here (a script's helpers, a
@@ -40,8 +44,8 @@ def dumps_code(main: Callable[..., Any], kwargs: dict[str, Any]) -> Code:
     Raises:
         ConfigurationError: ``main`` or a kwarg cannot be pickled.
     """
-    with _PICKLING:  # cloudpickle's by-value registry is global: one run at a time
-        return _dumps_code(main, kwargs)
+    with _PICKLING, captured.capturing() as frames:  # cloudpickle's by-value registry is
+        return _dumps_code(main, kwargs), dict(frames)  # global: one run at a time
 
 
 def _dumps_code(main: Callable[..., Any], kwargs: dict[str, Any]) -> Code:

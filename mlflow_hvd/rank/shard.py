@@ -131,6 +131,17 @@ class Shard:
         """
         return self._pass(batch_size, columns, shuffle, seed, epoch, window).batches()
 
+    def row_chunks(self, *, columns: Sequence[str] | None = None, shuffle: bool = True,
+                   seed: int = 0, epoch: int | None = None,
+                   window: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """One pass over every row of the shard, none left out (unlike :meth:`batches`,
+        which leaves out the last partial batch): chunks of consecutive rows of the pass,
+        dicts of column -> array of the chunk's rows, each valid until the next chunk is
+        asked for (copy what you keep). Shuffled as :meth:`batches` is."""
+        one_pass = self._pass(1, columns, shuffle, seed, epoch, window)
+        for group in one_pass.groups():  # (rows, 1, ...): one row per "batch"
+            yield {n: a.reshape(a.shape[0], *a.shape[2:]) for n, a in group.items()}
+
     def _pass(self, batch_size: int, columns: Sequence[str] | None, shuffle: bool, seed: int,
               epoch: int | None, window: int | None) -> Pass:
         steps = self.steps(batch_size)
@@ -295,24 +306,68 @@ def resolve(kwargs: dict[str, Any], manifest_path: str,
         ConfigurationError: A DataFrame argument this rank was not fed (its ranks were
             started for other data).
     """
+    global _job
+    waiting = _Manifest(manifest_path) if manifest_path else None
+    _job = _JobShards(waiting, on_load)
     wanted = [v.argument for v in kwargs.values() if isinstance(v, ShardArg)]
     if not wanted:
         return kwargs
-    if not manifest_path:
+    if waiting is None:
         raise ConfigurationError(f"this rank was not fed the DataFrame argument(s) {wanted}")
-    waiting = _Manifest(manifest_path)
     if waiting.ready():
         waiting.check(wanted)
-    return {k: Shard(functools.partial(waiting.file, v.argument), v.argument, on_load)
-            if isinstance(v, ShardArg) else v for k, v in kwargs.items()}
+    return {k: _job.shard(v.argument) if isinstance(v, ShardArg) else v
+            for k, v in kwargs.items()}
 
 
 def settle(kwargs: dict[str, Any]) -> None:
-    """Wait for every shard in ``kwargs`` the function did not use: a job whose data could
-    not be fed fails even when its function never read it."""
+    """Wait for every shard in ``kwargs`` the function did not use, and for the job's feed
+    when it has one (DataFrames the function holds otherwise, such as a converter of
+    :mod:`mlflow_hvd.petastorm`): a job whose data could not be fed fails even when its
+    function never read it."""
     for value in kwargs.values():
         if isinstance(value, Shard):
             value._file  # noqa: B018 - loads it
+    if _job is not None and _job.manifest is not None:
+        _job.manifest.files()
+
+
+def job_shard(argument: str) -> Shard | None:
+    """This rank's shard of a DataFrame the job's code holds rather than receives as a
+    keyword (a converter's, :mod:`mlflow_hvd.petastorm`): the same :class:`Shard` for
+    every use in one job (its epochs count on). None outside a job (on the driver).
+
+    Raises:
+        ConfigurationError: Inside a job that was not fed ``argument``.
+    """
+    return None if _job is None else _job.shard(argument)
+
+
+def open_shard(manifest_path: str, argument: str) -> Shard:
+    """The :class:`Shard` of ``argument`` that a written manifest names (a feed written on
+    the driver for the driver's own use)."""
+    return Shard(_Manifest(manifest_path).file(argument))
+
+
+class _JobShards:
+    """The shards of the job this rank runs, made once per argument."""
+
+    def __init__(self, manifest: _Manifest | None,
+                 on_load: Callable[[Shard], None] | None) -> None:
+        self.manifest, self._on_load = manifest, on_load
+        self._shards: dict[str, Shard] = {}
+
+    def shard(self, argument: str) -> Shard:
+        if self.manifest is None:
+            raise ConfigurationError(f"this rank was not fed the DataFrame argument(s) "
+                                     f"{[argument]}")
+        if argument not in self._shards:
+            self._shards[argument] = Shard(functools.partial(self.manifest.file, argument),
+                                           argument, self._on_load)
+        return self._shards[argument]
+
+
+_job: _JobShards | None = None  # set by :func:`resolve` for each job
 
 
 class _Manifest:
@@ -334,6 +389,10 @@ class _Manifest:
     def file(self, argument: str) -> ShardFile:
         self.check([argument])
         return self._read()[argument]
+
+    def files(self) -> dict[str, ShardFile]:
+        """Every argument's file, once the task has written them (waits)."""
+        return self._read()
 
     def _read(self) -> dict[str, ShardFile]:
         if self._files is None:

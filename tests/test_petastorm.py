@@ -1,0 +1,148 @@
+"""Integration: notebook code written for Petastorm's Spark converter, imports changed to
+mlflow_hvd.petastorm, on real ranks of local-cluster[2,1,1024]: the converters held in the
+training function's closure are fed to the ranks as DataFrames passed to run() are (each
+rank its own shard, written on its executor's host), Keras fit and a horovod.torch loop
+train on them, and what the feed cannot honour is refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import workers
+
+from mlflow_hvd import HorovodRunner, TrackingConfig
+from mlflow_hvd.errors import ConfigurationError, DataInputError
+from mlflow_hvd.petastorm import SparkDatasetConverter, make_spark_converter
+
+pytestmark = pytest.mark.spark
+
+
+def frame(spark: Any, rows: int, partitions: int) -> Any:
+    """Doubles (made float32 by the converter), an array of 4 doubles, an int label."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0, rows, 1, partitions).select(
+        "id",
+        F.array(*[F.rand(seed=i) for i in range(4)]).alias("x"),
+        (F.col("id") % 2).cast("double").alias("label"),
+    )
+
+
+def test_a_petastorm_notebook_trains_with_keras_and_torch_on_each_ranks_shard(
+    spark: Any
+) -> None:
+    # as the notebook does it: the cache directory is set, and exists on no executor
+    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF,
+                   "file:///dbfs/ml/petastorm/cache-that-no-node-has")
+    converter_train = make_spark_converter(frame(spark, 2_003, 3))
+    converter_val = make_spark_converter(frame(spark, 400, 2))
+    assert len(converter_train) == 2_003 and len(converter_val) == 400
+
+    def train_and_evaluate() -> dict[str, Any]:  # holds both converters in its closure
+        return workers.petastorm_keras_fit(converter_train, converter_val, batch_size=32)
+
+    def train_torch() -> dict[str, Any]:
+        return workers.petastorm_torch_loop(converter_train, converter_val, batch_size=32)
+
+    try:
+        with HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)) as runner:
+            keras_out = runner.run(train_and_evaluate)
+            torch_out = runner.run(train_torch)  # the same converters: the same warm ranks
+            census = runner.run(lambda: workers.petastorm_census(converter_train))
+            census_passed = runner.run(workers.petastorm_census, train=converter_train)
+            said = runner.run(lambda: workers.petastorm_refusals(converter_train))
+    finally:
+        spark.conf.unset(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF)
+    # Keras: namedtuples of the columns, float64 made float32, steps from len(converter)
+    assert keras_out["fields"] == ["id", "x", "label"]
+    assert keras_out["x"] == ((32, 4), "float32") and keras_out["label"] == "float32"
+    assert keras_out["id"] == "int64" and keras_out["steps"] == 2_003 // 64
+    assert len(keras_out["losses"]) == len(keras_out["val_losses"]) == 2
+    # torch: dicts of tensors, the TransformSpec's column and selection
+    assert torch_out["keys"] == ["x2", "label"]
+    assert torch_out["x2"] == ((32, 4), "torch.float32") and len(torch_out["losses"]) == 2
+    assert 0.0 < torch_out["val_loss"] < 10.0
+
+    for ranks in (census, census_passed):  # captured in a closure, or passed to run()
+        _check_census(ranks, 2_003, partitions=3, batch_size=48, with_tf=True)
+    assert [s.split(":")[0] for s in said] == ["ConfigurationError"] * 7
+    assert "without cur_shard/shard_count: Petastorm would give every rank all the rows" in said[0]
+    assert "pass cur_shard=hvd.rank(), shard_count=hvd.size()" in said[0]
+    assert "cur_shard=0, shard_count=1 on rank 0 of 2" in said[1]
+    assert "predicate= is Petastorm's reader's and has no meaning for this feed: filter the " \
+           "DataFrame in Spark" in said[2]
+    assert "reader_pool_type= is Petastorm's reader's" in said[3]
+    assert "data_loader_fn= builds a loader from Petastorm's reader" in said[4]
+    assert "schema_fields ['nope'] are not columns" in said[5]
+    assert "unexpected argument(s) ['no_such_argument']" in said[6]
+
+
+def test_local_ranks_read_their_shards_of_a_converter_the_driver_wrote(spark: Any) -> None:
+    converter = make_spark_converter(frame(spark, 1_001, 4))
+    ranks = HorovodRunner(np=-2, spark=spark, tracking=TrackingConfig(track=False)).run(
+        lambda: workers.petastorm_census(converter, batch_size=64, with_tf=False))
+    _check_census(ranks, 1_001, partitions=4, batch_size=64, with_tf=False)
+
+
+def _flat(batches: list[list[int]]) -> list[int]:
+    return [i for batch in batches for i in batch]
+
+
+def _check_census(ranks: list[dict[str, Any]], total: int, partitions: int, batch_size: int,
+                  with_tf: bool) -> None:
+    """Each rank's finite passes read its whole shard once (batches of ``batch_size``, the
+    last one short), the shards are equal and disjoint, and endless streams run pass after
+    pass, each in a new order."""
+    seen = [_flat(r["torch"]) for r in ranks]
+    rows = ranks[0]["rows"]
+    assert [len(s) for s in seen] == [rows] * len(ranks) and rows == len(set(seen[0]))
+    assert not set(seen[0]) & set(seen[1]) and set(seen[0]) | set(seen[1]) <= set(range(total))
+    assert total - rows * len(ranks) <= partitions  # only what equal shards leave out
+    for r in ranks:
+        batches = r["torch"] + r["tf"]
+        assert all(len(b) == batch_size for b in r["torch"][:-1])
+        assert 0 < len(r["torch"][-1]) <= batch_size and len(batches) > 2
+        if with_tf:
+            assert all(len(b) == batch_size for b in r["tf"][:-1])
+            assert sorted(_flat(r["tf"])) == sorted(_flat(r["torch"]))
+        # in file order, twice
+        assert r["in_order"][:rows] == r["in_order"][rows:] and len(r["in_order"]) == 2 * rows
+        for endless in (r["endless"], r["endless_tf"]) if with_tf else (r["endless"],):
+            first, second = endless[:rows], endless[rows:2 * rows]
+            assert sorted(first) == sorted(second) == sorted(r["in_order"][:rows])
+            assert first != second
+
+
+def test_a_converter_on_the_driver_reads_the_whole_dataframe(spark: Any) -> None:
+    from pyspark.ml.linalg import Vectors
+
+    data = spark.createDataFrame([(i, Vectors.dense([i, 2.0 * i]), f"r{i}") for i in range(50)],
+                                 ["id", "v", "text"])
+    converter = make_spark_converter(data, dtype="float64")
+    with converter.make_torch_dataloader(batch_size=16, num_epochs=1) as loader:
+        batches = list(loader)
+    assert [len(b["id"]) for b in batches] == [16, 16, 16, 2]
+    ids = [i for b in batches for i in b["id"].tolist()]
+    assert sorted(ids) == list(range(50))
+    vectors = {int(i): v.tolist() for b in batches for i, v in zip(b["id"], b["v"], strict=True)}
+    assert vectors[7] == [7.0, 14.0] and batches[0]["v"].dtype.__str__() == "torch.float64"
+    assert all(isinstance(t, str) for b in batches for t in b["text"])
+    converter.delete()
+    with pytest.raises(ConfigurationError, match=r"was deleted \(converter.delete\(\)\)"):
+        HorovodRunner(np=-1, spark=spark, tracking=TrackingConfig(track=False)).run(
+            lambda: len(converter))
+
+
+def test_what_a_converter_cannot_take_is_refused_on_the_driver(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    with pytest.raises(DataInputError, match=r"column 'when' of the DataFrame passed as "
+                                             r"converter_\d+= has type timestamp"):
+        make_spark_converter(spark.range(3).select("id", F.current_timestamp().alias("when")))
+    with pytest.raises(ConfigurationError, match="dtype 'float16' is not supported"):
+        make_spark_converter(spark.range(3), dtype="float16")
+    with pytest.raises(ConfigurationError, match="compression_codec should be None or one of"):
+        make_spark_converter(spark.range(3), compression_codec="brotli")
+    with pytest.raises(ConfigurationError, match="must be a Spark DataFrame or the path"):
+        make_spark_converter([1, 2, 3])

@@ -87,6 +87,35 @@ def test_a_dataframe_job_gets_equal_disjoint_shards_and_one_finished_run(
     wait_until(lambda: nothing_running(server), 20, "no job left running on the server")
 
 
+def test_a_petastorm_converter_of_a_connect_dataframe_feeds_each_rank_its_shard(
+        connect: Any, store: str) -> None:
+    """A notebook's Petastorm converter, imports changed, on a Connect session: doubles made
+    float32 with Connect's own functions, the converter held in a closure, each rank's
+    shard read once per finite pass, the run recording the converter's DataFrame."""
+    from pyspark.sql.connect.functions import builtin as F
+
+    from mlflow_hvd.petastorm import make_spark_converter
+
+    data = connect.range(0, 1_001, 1, 3).select(
+        "id", F.array(*[F.rand(seed=i) for i in range(4)]).alias("x"))
+    converter = make_spark_converter(data)
+    assert len(converter) == 1_001
+    runner = HorovodRunner(np=2, spark=connect)
+    ranks = runner.run(lambda: workers.petastorm_census(converter, batch_size=50,
+                                                         with_tf=False))
+    seen = [[i for b in r["torch"] for i in b] for r in ranks]
+    rows = ranks[0]["rows"]
+    assert [len(s) for s in seen] == [rows, rows] and not set(seen[0]) & set(seen[1])
+    assert 1_001 - 2 * rows <= 3 and set(seen[0]) | set(seen[1]) <= set(range(1_001))
+    assert all(len(b) == 50 for r in ranks for b in r["torch"][:-1])
+    client = mlflow.MlflowClient()
+    run_id = runner.last_run_id
+    assert client.get_run(run_id).info.status == "FINISHED"
+    wait_until(lambda: [d.dataset.name for d in client.get_run(run_id).inputs.dataset_inputs]
+               == [converter.argument], 30, "the run's dataset input")
+    assert ranks[0]["dtypes"] == {"id": "torch.int64", "x": "torch.float32"}
+
+
 def test_a_sweep_of_two_trials_runs_on_one_generation_of_ranks(
         connect: Any, store: str) -> None:
     from hyperopt import hp

@@ -78,11 +78,24 @@ def test_a_petastorm_notebook_trains_with_keras_and_torch_on_each_ranks_shard(
     assert "unexpected argument(s) ['no_such_argument']" in said[6]
 
 
+converter_in_globals: SparkDatasetConverter | None = None  # as a notebook holds it
+
+
+def census_of_the_global_converter() -> list[dict[str, Any]]:
+    return workers.petastorm_census(converter_in_globals, batch_size=64, with_tf=False)
+
+
 def test_local_ranks_read_their_shards_of_a_converter_the_driver_wrote(spark: Any) -> None:
-    converter = make_spark_converter(frame(spark, 1_001, 4))
-    ranks = HorovodRunner(np=-2, spark=spark, tracking=TrackingConfig(track=False)).run(
-        lambda: workers.petastorm_census(converter, batch_size=64, with_tf=False))
+    global converter_in_globals
+    converter_in_globals = make_spark_converter(frame(spark, 1_001, 4))
+    try:
+        ranks = HorovodRunner(np=-2, spark=spark, tracking=TrackingConfig(track=False)).run(
+            census_of_the_global_converter)
+    finally:
+        converter_in_globals = None
     _check_census(ranks, 1_001, partitions=4, batch_size=64, with_tf=False)
+    assert ranks[0]["dtypes"] == {"id": "torch.int64", "x": "torch.float32",
+                                  "label": "torch.float32"}
 
 
 def _flat(batches: list[list[int]]) -> list[int]:

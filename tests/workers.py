@@ -1536,7 +1536,11 @@ def petastorm_census(train: Any, batch_size: int = 48,
     hvd.init()
     shard = {"cur_shard": hvd.rank(), "shard_count": hvd.size()}
     with train.make_torch_dataloader(batch_size=batch_size, num_epochs=1, **shard) as loader:
-        torch_batches = [b["id"].tolist() for b in loader]
+        torch_batches, dtypes = [], {}
+        for b in loader:
+            torch_batches.append(b["id"].tolist())
+            dtypes = dtypes or {k: str(getattr(v, "dtype", type(v).__name__))
+                                for k, v in b.items()}
     tf_batches, endless_tf = [], []
     if with_tf:
         with train.make_tf_dataset(batch_size=batch_size, num_epochs=1, **shard) as ds:
@@ -1557,7 +1561,8 @@ def petastorm_census(train: Any, batch_size: int = 48,
                           for i in b.id.numpy()]
     return hvd.allgather_object({"tf": tf_batches, "torch": torch_batches,
                                  "in_order": in_order, "endless": endless,
-                                 "endless_tf": endless_tf, "rows": rows})
+                                 "endless_tf": endless_tf, "rows": rows,
+                                 "dtypes": dtypes, "host": socket.gethostname()})
 
 
 def petastorm_refusals(train: Any) -> list[str]:

@@ -30,42 +30,52 @@ def frame(spark: Any, rows: int, partitions: int) -> Any:
 
 
 def test_a_petastorm_notebook_trains_with_keras_and_torch_on_each_ranks_shard(
-    spark: Any
+    spark: Any, tmp_path: Any
 ) -> None:
-    # as the notebook does it: the cache directory is set, and exists on no executor
-    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF,
-                   "file:///dbfs/ml/petastorm/cache-that-no-node-has")
-    converter_train = make_spark_converter(frame(spark, 2_003, 3))
-    converter_val = make_spark_converter(frame(spark, 400, 2))
-    assert len(converter_train) == 2_003 and len(converter_val) == 400
+    """examples/petastorm_notebook.py (Databricks' notebook, imports changed): its
+    converters are globals the training function holds, its cache directory exists on no
+    executor; then a torch loop with a TransformSpec on the same converters (the same warm
+    ranks), and the finite and endless passes of both faces."""
+    import petastorm_notebook as notebook
 
-    def train_and_evaluate() -> dict[str, Any]:  # holds both converters in its closure
-        return workers.petastorm_keras_fit(converter_train, converter_val, batch_size=32)
+    notebook.make_converters(spark)
+    converter_train, converter_val = notebook.converter_train, notebook.converter_val
+    assert converter_train is not None and converter_val is not None
+    assert len(converter_train) + len(converter_val) == 1_797  # the digits
+    partitions = notebook.digits_frame(spark).rdd.getNumPartitions()
 
     def train_torch() -> dict[str, Any]:
         return workers.petastorm_torch_loop(converter_train, converter_val, batch_size=32)
 
     try:
         with HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)) as runner:
-            keras_out = runner.run(train_and_evaluate)
+            keras_out = runner.run(notebook.train_and_evaluate_hvd, lr=0.001,
+                                   checkpoint_dir=str(tmp_path))
             torch_out = runner.run(train_torch)  # the same converters: the same warm ranks
             census = runner.run(lambda: workers.petastorm_census(converter_train))
             census_passed = runner.run(workers.petastorm_census, train=converter_train)
             said = runner.run(lambda: workers.petastorm_refusals(converter_train))
     finally:
         spark.conf.unset(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF)
-    # Keras: namedtuples of the columns, float64 made float32, steps from len(converter)
-    assert keras_out["fields"] == ["id", "x", "label"]
-    assert keras_out["x"] == ((32, 4), "float32") and keras_out["label"] == "float32"
-    assert keras_out["id"] == "int64" and keras_out["steps"] == 2_003 // 64
-    assert len(keras_out["losses"]) == len(keras_out["val_losses"]) == 2
+    # Keras: steps from len(converter), gradients averaged (the ranks' weights agree), rank
+    # 0's checkpoints, and it learned
+    assert keras_out["steps_per_epoch"] == len(converter_train) // 64
+    assert len(set(keras_out["weights"])) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"checkpoint-{e}.weights.h5" for e in (1, 2, 3)]
+    assert keras_out["val_accuracy"][-1] > 0.5 and keras_out["val_loss"][-1] < \
+        keras_out["val_loss"][0]
     # torch: dicts of tensors, the TransformSpec's column and selection
-    assert torch_out["keys"] == ["x2", "label"]
-    assert torch_out["x2"] == ((32, 4), "torch.float32") and len(torch_out["losses"]) == 2
+    assert torch_out["keys"] == ["scaled", "label_index"]
+    assert torch_out["scaled"] == ((32, 64), "torch.float32") and len(torch_out["losses"]) == 2
     assert 0.0 < torch_out["val_loss"] < 10.0
 
     for ranks in (census, census_passed):  # captured in a closure, or passed to run()
-        _check_census(ranks, 2_003, partitions=3, batch_size=48, with_tf=True)
+        _check_census(ranks, len(converter_train), range(1_797), partitions,
+                      batch_size=48, with_tf=True)
+        assert ranks[0]["tf_fields"] == ["id", "features", "label_index"]
+        assert ranks[0]["dtypes"] == {"id": "torch.int64", "features": "torch.float32",
+                                      "label_index": "torch.int32"}
     assert [s.split(":")[0] for s in said] == ["ConfigurationError"] * 7
     assert "without cur_shard/shard_count: Petastorm would give every rank all the rows" in said[0]
     assert "pass cur_shard=hvd.rank(), shard_count=hvd.size()" in said[0]
@@ -93,7 +103,7 @@ def test_local_ranks_read_their_shards_of_a_converter_the_driver_wrote(spark: An
             census_of_the_global_converter)
     finally:
         converter_in_globals = None
-    _check_census(ranks, 1_001, partitions=4, batch_size=64, with_tf=False)
+    _check_census(ranks, 1_001, range(1_001), partitions=4, batch_size=64, with_tf=False)
     assert ranks[0]["dtypes"] == {"id": "torch.int64", "x": "torch.float32",
                                   "label": "torch.float32"}
 
@@ -102,15 +112,15 @@ def _flat(batches: list[list[int]]) -> list[int]:
     return [i for batch in batches for i in batch]
 
 
-def _check_census(ranks: list[dict[str, Any]], total: int, partitions: int, batch_size: int,
-                  with_tf: bool) -> None:
+def _check_census(ranks: list[dict[str, Any]], total: int, ids: range, partitions: int,
+                  batch_size: int, with_tf: bool) -> None:
     """Each rank's finite passes read its whole shard once (batches of ``batch_size``, the
     last one short), the shards are equal and disjoint, and endless streams run pass after
     pass, each in a new order."""
     seen = [_flat(r["torch"]) for r in ranks]
     rows = ranks[0]["rows"]
     assert [len(s) for s in seen] == [rows] * len(ranks) and rows == len(set(seen[0]))
-    assert not set(seen[0]) & set(seen[1]) and set(seen[0]) | set(seen[1]) <= set(range(total))
+    assert not set(seen[0]) & set(seen[1]) and set(seen[0]) | set(seen[1]) <= set(ids)
     assert total - rows * len(ranks) <= partitions  # only what equal shards leave out
     for r in ranks:
         batches = r["torch"] + r["tf"]

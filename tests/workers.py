@@ -1439,59 +1439,28 @@ def keras_lr_resumed(epochs: int) -> dict[str, Any]:
 
 
 # --- mlflow_hvd.petastorm: notebook code written for Petastorm's converter ----------------
-def petastorm_keras_fit(train: Any, val: Any, batch_size: int = 32,
-                        epochs: int = 2) -> dict[str, Any]:
-    """Databricks' HorovodRunner + Petastorm notebook, imports changed: Keras ``fit`` on
-    ``make_tf_dataset`` (infinite) with ``steps_per_epoch = len(converter) // (batch_size *
-    hvd.size())``, a validation converter beside it, the eight steps."""
-    import horovod.tensorflow as hvd
-    import keras
-
-    from mlflow_hvd import keras as hvd_keras
-
-    hvd.init()
-    steps = len(train) // (batch_size * hvd.size())
-    val_steps = max(1, len(val) // (batch_size * hvd.size()))
-    with train.make_tf_dataset(batch_size=batch_size, cur_shard=hvd.rank(),
-                               shard_count=hvd.size()) as train_ds, \
-            val.make_tf_dataset(batch_size=batch_size, cur_shard=hvd.rank(),
-                                shard_count=hvd.size()) as val_ds:
-        first = next(iter(train_ds))
-        train_ds = train_ds.map(lambda b: (b.x, b.label))
-        val_ds = val_ds.map(lambda b: (b.x, b.label))
-        optimizer = hvd_keras.DistributedOptimizer(
-            keras.optimizers.SGD(hvd_keras.scale_learning_rate(0.01)))
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
-        history = model.fit(train_ds, steps_per_epoch=steps, epochs=epochs, verbose=0,
-                            validation_data=val_ds, validation_steps=val_steps,
-                            callbacks=[hvd_keras.BroadcastGlobalVariablesCallback(0)])
-    return {"losses": history.history["loss"], "val_losses": history.history["val_loss"],
-            "fields": list(first._fields), "x": (tuple(first.x.shape), first.x.dtype.name),
-            "label": first.label.dtype.name, "id": first.id.dtype.name, "steps": steps}
-
-
 def petastorm_torch_loop(train: Any, val: Any, batch_size: int = 32,
                          epochs: int = 2) -> dict[str, Any]:
-    """The torch half of that notebook: ``make_torch_dataloader`` (infinite), one iterator
-    kept across epochs of ``len(converter) // (batch_size * hvd.size())`` steps, a
-    ``TransformSpec`` that adds a column from a pandas DataFrame; then one finite pass of
-    the validation converter, its loss averaged over the ranks."""
+    """The torch side of a Petastorm notebook (examples/petastorm_notebook.py's digits):
+    ``make_torch_dataloader`` (infinite), one iterator kept across epochs of
+    ``len(converter) // (batch_size * hvd.size())`` steps, a ``TransformSpec`` that makes a
+    column from a pandas DataFrame; then one finite pass of the validation converter, its
+    loss averaged over the ranks."""
     import horovod.torch as hvd
     import numpy as np
     import torch
 
     from mlflow_hvd.petastorm import TransformSpec
 
-    def double(frame: Any) -> Any:
-        frame["x2"] = frame["x"].map(lambda v: np.asarray(v) * 2.0)
-        return frame.drop(columns=["x"])
+    def scaled(frame: Any) -> Any:  # on a pandas DataFrame of rows
+        frame["scaled"] = frame["features"].map(lambda v: np.asarray(v) * 2.0 - 1.0)
+        return frame.drop(columns=["features"])
 
-    spec = TransformSpec(double, edit_fields=[("x2", np.float32, (4,), False)],
-                         selected_fields=["x2", "label"])
+    spec = TransformSpec(scaled, edit_fields=[("scaled", np.float32, (64,), False)],
+                         selected_fields=["scaled", "label_index"])
     hvd.init()
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
+    model = torch.nn.Linear(64, 10)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(),
                                                          lr=0.01 * hvd.size()),
                                          named_parameters=model.named_parameters())
@@ -1507,8 +1476,8 @@ def petastorm_torch_loop(train: Any, val: Any, batch_size: int = 32,
                 batch = next(batches)
                 first = first or batch
                 optimizer.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(batch["x2"]).squeeze(1),
-                                                    batch["label"].float())
+                loss = torch.nn.functional.cross_entropy(model(batch["scaled"]),
+                                                         batch["label_index"].long())
                 loss.backward()
                 optimizer.step()
             losses.append(float(loss))
@@ -1518,12 +1487,13 @@ def petastorm_torch_loop(train: Any, val: Any, batch_size: int = 32,
                                                     cur_shard=hvd.rank(),
                                                     shard_count=hvd.size()) as loader:
         for batch in loader:
-            pred = model(batch["x"]).squeeze(1)
-            total += float(torch.nn.functional.mse_loss(pred, batch["label"], reduction="sum"))
-            count += len(batch["label"])
+            logits = model(batch["features"] * 2.0 - 1.0)
+            total += float(torch.nn.functional.cross_entropy(
+                logits, batch["label_index"].long(), reduction="sum"))
+            count += len(batch["label_index"])
     val_loss = float(hvd.allreduce(torch.tensor(total / count), op=hvd.Average))
     return {"losses": losses, "keys": list(first), "val_loss": val_loss,
-            "x2": (tuple(first["x2"].shape), str(first["x2"].dtype))}
+            "scaled": (tuple(first["scaled"].shape), str(first["scaled"].dtype))}
 
 
 def petastorm_census(train: Any, batch_size: int = 48,
@@ -1542,9 +1512,11 @@ def petastorm_census(train: Any, batch_size: int = 48,
             dtypes = dtypes or {k: str(getattr(v, "dtype", type(v).__name__))
                                 for k, v in b.items()}
     tf_batches, endless_tf = [], []
+    tf_fields: list[str] = []
     if with_tf:
         with train.make_tf_dataset(batch_size=batch_size, num_epochs=1, **shard) as ds:
             tf_batches = [b.id.numpy().tolist() for b in ds]
+            tf_fields = list(next(iter(ds))._fields)
     with train.make_torch_dataloader(batch_size=batch_size, num_epochs=2,
                                      shuffle_row_groups=False, **shard) as loader:
         in_order = [i for b in loader for i in b["id"].tolist()]
@@ -1562,7 +1534,8 @@ def petastorm_census(train: Any, batch_size: int = 48,
     return hvd.allgather_object({"tf": tf_batches, "torch": torch_batches,
                                  "in_order": in_order, "endless": endless,
                                  "endless_tf": endless_tf, "rows": rows,
-                                 "dtypes": dtypes, "host": socket.gethostname()})
+                                 "dtypes": dtypes, "tf_fields": tf_fields,
+                                 "host": socket.gethostname()})
 
 
 def petastorm_refusals(train: Any) -> list[str]:

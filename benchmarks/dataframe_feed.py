@@ -27,6 +27,10 @@ it; a torch pass by a Python loop over the loader, as a training loop does.
   ``make_tf_dataset`` / ``make_torch_dataloader`` with ``cur_shard=rank, shard_count=2``,
   two processes at once.
 
+* mlflow_hvd.petastorm: the Petastorm arm's code (the same calls, ``num_epochs=PASSES``
+  streams) on ``make_spark_converter`` from ``mlflow_hvd.petastorm``, in
+  ``HorovodRunner(np=2)``: the same feed as ``run(fn, data=df)``, Petastorm's face.
+
 Also: time from ``run()`` (or ``make_spark_converter``) to rank 0's first batch, rank 0's
 peak RSS during its passes (above its RSS before them; sampled every 10 ms), bytes written,
 and mlflow_hvd at ``--scale`` times the rows (peak RSS must not grow with the shard).
@@ -201,6 +205,57 @@ def rank_passes(data: Any, t0: float) -> dict[str, Any]:
     return out
 
 
+def converter_passes(converter: Any, t0: float) -> dict[str, Any]:
+    """On every rank: the Petastorm arm's work (``petastorm_arm.rank``) through
+    ``mlflow_hvd.petastorm``'s converter: the first batch, ``PASSES`` passes into tf.data
+    and as many into torch, each a stream of ``num_epochs=PASSES``."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    import torch  # noqa: F401 - imported before the timed passes, as in every arm
+
+    from mlflow_hvd.rank.shard import job_shard
+
+    hvd.init()
+    shard = {"cur_shard": hvd.rank(), "shard_count": hvd.size()}
+    out: dict[str, Any] = {}
+    with converter.make_tf_dataset(batch_size=BATCH, num_epochs=1, **shard) as ds:
+        next(iter(ds))
+        out["first_batch_s"] = time.time() - t0
+    with converter.make_tf_dataset(batch_size=BATCH, num_epochs=PASSES, **shard) as ds:
+        hvd.allreduce(tf.constant(0.0), name="tf")  # both ranks begin each phase at once
+        with PeakRss() as rss:
+            start = time.perf_counter()
+            rows = count_rows(ds)
+            out["tf_rows_s"] = rows / (time.perf_counter() - start)
+            with converter.make_torch_dataloader(batch_size=BATCH, num_epochs=PASSES,
+                                                 **shard) as loader:
+                hvd.allreduce(tf.constant(0.0), name="torch")
+                start, rows = time.perf_counter(), 0
+                for b in loader:
+                    rows += int(b["x"].shape[0])
+                    float(b["label"].sum())
+                out["torch_rows_s"] = rows / (time.perf_counter() - start)
+        out["peak_rss_mib"] = rss.mib
+    out["rows"] = rows // PASSES
+    out["bytes"] = os.path.getsize(job_shard(converter.argument)._file.path)
+    hvd.allreduce(tf.constant(0.0), name="done")
+    return out
+
+
+def converter_round(spark: Any, rows: int) -> dict[str, Any]:
+    from mlflow_hvd import HorovodRunner, TrackingConfig
+    from mlflow_hvd.petastorm import make_spark_converter
+
+    df = frame(spark, rows)
+    t0 = time.time()
+    converter = make_spark_converter(df)  # Petastorm's arm times its converter too
+    try:
+        return HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)).run(
+            lambda: converter_passes(converter, t0))
+    finally:
+        converter.delete()
+
+
 def mlflow_hvd_round(spark: Any, rows: int) -> dict[str, Any]:
     from mlflow_hvd import HorovodRunner, TrackingConfig
 
@@ -275,12 +330,15 @@ def main() -> None:
     ours: list[dict[str, Any]] = []
     big: list[dict[str, Any]] = []
     peta: list[dict[str, Any]] = []
+    conv: list[dict[str, Any]] = []
     for r in range(args.rounds):
         ours.append(mlflow_hvd_round(spark, args.rows))
         if python:
             peta.append(petastorm_round(python, args.rows))
+        conv.append(converter_round(spark, args.rows))
         big.append(mlflow_hvd_round(spark, args.rows * args.scale))
         print(f"round {r + 1}: mlflow_hvd {ours[-1]}\n  x{args.scale} {big[-1]}"
+              f"\n  mlflow_hvd.petastorm {conv[-1]}"
               + (f"\n  petastorm {peta[-1]}" if peta else ""), flush=True)
 
     def med(rounds: list[dict[str, Any]], key: str) -> float:
@@ -293,6 +351,7 @@ def main() -> None:
         print(f"{key}:")
         print(_line("mlflow_hvd", [r[key] for r in ours], unit))
         print(_line(f"mlflow_hvd x{args.scale} rows", [r[key] for r in big], unit))
+        print(_line("mlflow_hvd.petastorm converter", [r[key] for r in conv], unit))
         if peta:
             print(_line(f"petastorm {PETASTORM}", [r[key] for r in peta], unit))
         if key in ("tf_rows_s", "torch_rows_s"):
@@ -310,6 +369,11 @@ def main() -> None:
                  if peta else ""))
     print(f"  peak RSS x{args.scale} rows / x1 = "
           f"{med(big, 'peak_rss_mib') / med(ours, 'peak_rss_mib'):.2f}")
+    for key in ("tf_rows_s", "torch_rows_s", "first_batch_s", "peak_rss_mib"):
+        print(f"  {key}: mlflow_hvd.petastorm converter / run(data=df) = "
+              f"{med(conv, key) / med(ours, key):.2f}"
+              + (f", converter / petastorm = {med(conv, key) / med(peta, key):.2f}"
+                 if peta else ""))
     if peta:
         print(f"  first batch: mlflow_hvd / petastorm = "
               f"{med(ours, 'first_batch_s') / med(peta, 'first_batch_s'):.2f}")

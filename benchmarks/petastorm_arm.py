@@ -22,6 +22,9 @@ from dataframe_feed import PASSES, PeakRss, count_rows, frame  # stdlib-only at 
 
 
 def rank(converter: Any, shard: int, batch: int, t0: float, together: Any) -> dict[str, Any]:
+    import petastorm.pytorch  # noqa: F401 - torch imported before the timed passes
+    import tensorflow  # noqa: F401
+
     out: dict[str, Any] = {}
     with converter.make_tf_dataset(batch_size=batch, cur_shard=shard, shard_count=2,
                                    num_epochs=1) as ds:

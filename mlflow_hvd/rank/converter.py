@@ -288,10 +288,12 @@ def tf_dataset(p: Plan, prefetch: int | None, shuffling_queue_capacity: int | No
             for lo in range(0, len(chunk[names[0]]), per):
                 yield Row(*[chunk[n][lo:lo + per] for n in names])
 
-    dataset = tf.data.Dataset.from_generator(generate, output_signature=specs).unbatch()
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=specs)
     if shuffling_queue_capacity:
-        dataset = dataset.shuffle(shuffling_queue_capacity, seed=p.seed)
-    dataset = dataset.batch(p.batch_size)
+        dataset = dataset.unbatch().shuffle(shuffling_queue_capacity, seed=p.seed)
+        dataset = dataset.batch(p.batch_size)
+    else:  # the chunks' rows in batches: unbatch().batch(n) in one copy
+        dataset = dataset.rebatch(p.batch_size)
     yield dataset.prefetch(tf.data.AUTOTUNE if prefetch is None else prefetch)
 
 

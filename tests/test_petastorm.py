@@ -6,6 +6,7 @@ train on them, and what the feed cannot honour is refused by name."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ def frame(spark: Any, rows: int, partitions: int) -> Any:
 
 
 def test_a_petastorm_notebook_trains_with_keras_and_torch_on_each_ranks_shard(
-    spark: Any, tmp_path: Any
+    spark: Any, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """examples/petastorm_notebook.py (Databricks' notebook, imports changed): its
     converters are globals the training function holds, its cache directory exists on no
@@ -47,16 +48,20 @@ def test_a_petastorm_notebook_trains_with_keras_and_torch_on_each_ranks_shard(
     def train_torch() -> dict[str, Any]:
         return workers.petastorm_torch_loop(converter_train, converter_val, batch_size=32)
 
+    caplog.set_level(logging.INFO, logger="mlflow_hvd.driver.generation")
     try:
         with HorovodRunner(np=2, spark=spark, tracking=TrackingConfig(track=False)) as runner:
             keras_out = runner.run(notebook.train_and_evaluate_hvd, lr=0.001,
                                    checkpoint_dir=str(tmp_path))
             torch_out = runner.run(train_torch)  # the same converters: the same warm ranks
+            # the training converter alone: the ranks fed with both serve it
             census = runner.run(lambda: workers.petastorm_census(converter_train))
             census_passed = runner.run(workers.petastorm_census, train=converter_train)
             said = runner.run(lambda: workers.petastorm_refusals(converter_train))
     finally:
         spark.conf.unset(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF)
+    assert sum(" starting 2 ranks on the spark backend " in r.getMessage()
+               for r in caplog.records) == 1  # five jobs, one generation, fed once
     # Keras: steps from len(converter), gradients averaged (the ranks' weights agree), rank
     # 0's checkpoints, and it learned
     assert keras_out["steps_per_epoch"] == len(converter_train) // 64

@@ -108,7 +108,7 @@ class RankPool:
         live = self._live
         if live is None:
             return False
-        if live.feed_key != job.feed_key:  # its ranks hold other data: a new generation
+        if not set(job.feed_key) <= set(live.feed_key):  # data its ranks do not hold
             log.info("job %s: generation %d was fed other DataFrames; starting new ranks",
                      job.job_id, live.number)
             self._close_live(stop_now=False)

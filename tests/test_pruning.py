@@ -225,6 +225,22 @@ def test_median_pruning_on_warm_ranks_and_a_resumed_sweep_that_decides_alike(
 
 
 @pytest.mark.slow
+def test_a_torch_distributed_trial_is_pruned_on_every_rank_alike(store: str) -> None:
+    """should_prune() in a DDP-style trial (torch.distributed, no Horovod): the verdict
+    reaches both ranks through the default process group (seed 4: trial 4 stops after
+    epoch 1, as in the Horovod sweep above)."""
+    result = sweep(workers.curve_trial, SPACE, max_evals=5, np=-2, seed=4, prune="median",
+                   fixed_params={"world": "ddp"})
+    children = _children(result.parent_run_id)
+    assert [c.data.tags.get(TAG) for c in children] == [None] * 4 + ["1"]
+    for child in children:
+        k = int(child.data.tags.get(TAG, 6))
+        assert child.data.tags["epochs_by_rank"] == f"{k},{k}"  # both left after epoch k
+        assert child.info.status == "FINISHED"
+    assert result.pruned_trials == 1
+
+
+@pytest.mark.slow
 def test_asha_prunes_a_cold_trial_that_restarted_from_its_checkpoint(store: str) -> None:
     # seed 2 samples lr 0.26, 0.28, 0.43 (TPE's first trials are random); the first attempt
     # of the trial with lr > 0.4 fails at the start of its epoch 1

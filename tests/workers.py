@@ -1082,7 +1082,8 @@ def curve_of(lr: float, epoch: int) -> float:
 
 
 def curve_trial(lr: float, epochs: int = 6, report: bool = True, obey: bool = True,
-                fail_at_epoch: int | None = None, fail_above: float = -1.0) -> int:
+                fail_at_epoch: int | None = None, fail_above: float = -1.0,
+                world: str = "horovod") -> int:
     """A sweep trial on horovod.torch whose val_loss per epoch is :func:`curve_of`.
 
     Every epoch ends in an allreduce, so ranks that left at different epochs would hang.
@@ -1091,15 +1092,36 @@ def curve_trial(lr: float, epochs: int = 6, report: bool = True, obey: bool = Tr
     is above ``fail_above`` fail at the start of that epoch; a restart resumes after the
     last checkpoint (``mlflow_hvd.torch``). Rank 0
     tags the epochs every rank trained (``epochs_by_rank``); returns its own count.
+    ``world="ddp"``: the same on torch.distributed (Gloo) instead of Horovod.
     """
-    import horovod.torch as hvd
     import torch
 
     import mlflow_hvd
     from mlflow_hvd import torch as hvd_torch
     from mlflow_hvd import tracking
 
-    hvd.init()
+    if world == "ddp":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+
+        def allreduce(name: str) -> None:
+            dist.all_reduce(torch.ones(1))
+
+        def gather(value: int) -> list[int]:
+            out: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(out, value)
+            return out
+    else:
+        import horovod.torch as hvd
+
+        hvd.init()
+
+        def allreduce(name: str) -> None:
+            hvd.allreduce(torch.ones(1), name=name)
+
+        def gather(value: int) -> list[int]:
+            return list(hvd.allgather_object(value))
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     start = hvd_torch.restore_from_checkpoint(model, optimizer)
@@ -1107,7 +1129,7 @@ def curve_trial(lr: float, epochs: int = 6, report: bool = True, obey: bool = Tr
     for epoch in range(start, epochs):
         if fail_at_epoch == epoch and lr > fail_above and mlflow_hvd.attempt() == 0:
             raise RuntimeError(f"injected failure at the start of epoch {epoch}")
-        hvd.allreduce(torch.ones(1), name=f"epoch.{epoch}")
+        allreduce(f"epoch.{epoch}")
         trained += 1
         value = curve_of(lr, epoch)
         if report:
@@ -1116,7 +1138,7 @@ def curve_trial(lr: float, epochs: int = 6, report: bool = True, obey: bool = Tr
             break
     if not report:
         tracking.log_metric("val_loss", curve_of(lr, epochs - 1))
-    counts = hvd.allgather_object(start + trained)
+    counts = gather(start + trained)
     tracking.set_tag("epochs_by_rank", ",".join(map(str, counts)))
     return start + trained
 

@@ -120,7 +120,8 @@ def should_prune() -> bool:
     Outside a sweep that prunes, False at once on every rank (no collective).
 
     Raises:
-        ConfigurationError: Horovod is not initialised (call ``hvd.init()`` first).
+        ConfigurationError: Neither Horovod nor ``torch.distributed`` is initialised (call
+            ``hvd.init()`` or ``init_process_group()`` first).
     """
     watch = _watch
     if not watch.metric:
@@ -145,8 +146,12 @@ def was_pruned() -> bool:
 
 def _broadcast(value: int, name: str) -> int:
     """Rank 0's ``value`` on every rank: one broadcast of a one-element tensor
-    (``broadcast_object`` would take two collectives and a pickle)."""
-    hvd = _horovod()
+    (``broadcast_object`` would take two collectives and a pickle), through Horovod if the
+    function initialised it, else through ``torch.distributed``'s default group."""
+    dist = _torch_distributed()
+    hvd = _horovod(required=dist is None)
+    if hvd is None:
+        return _broadcast_torch(dist, value)
     if hvd.size() == 1:
         return value
     if hvd.__name__ == "horovod.torch":
@@ -158,16 +163,40 @@ def _broadcast(value: int, name: str) -> int:
     return int(hvd.broadcast(tf.constant([value], dtype=tf.int64), 0, name=name).numpy()[0])
 
 
-def _horovod() -> Any:
-    """The initialised Horovod frontend (the same on every rank: the same code runs)."""
+def _horovod(required: bool = True) -> Any:
+    """The initialised Horovod frontend (the same on every rank: the same code runs); None
+    when there is none and ``required`` is False."""
     for name in ("horovod.tensorflow", "horovod.torch"):
         module = sys.modules.get(name)
         if module is not None and module.is_initialized():
             return module
+    if not required:
+        return None
     raise ConfigurationError(
-        "should_prune() is a Horovod collective: call hvd.init() (horovod.tensorflow or "
-        "horovod.torch) before it, on every rank"
+        "should_prune() is a collective: call hvd.init() (horovod.tensorflow or "
+        "horovod.torch) or torch.distributed's init_process_group() before it, on every rank"
     )
+
+
+def _torch_distributed() -> Any:
+    """``torch.distributed`` if the function initialised its default process group."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def _broadcast_torch(dist: Any, value: int) -> int:
+    """Rank 0's ``value`` over the default process group (on the rank's GPU for NCCL)."""
+    import torch
+
+    if dist.get_world_size() == 1:
+        return value
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    box = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.broadcast(box, src=0)
+    return int(box[0])
 
 
 __all__ = ["close", "observe", "reset", "should_prune", "was_pruned"]

@@ -116,6 +116,25 @@ def test_a_petastorm_converter_of_a_connect_dataframe_feeds_each_rank_its_shard(
     assert ranks[0]["dtypes"] == {"id": "torch.int64", "x": "torch.float32"}
 
 
+def test_ddp_code_on_a_connect_sessions_ranks_gets_torchruns_variables_and_trains(
+        connect: Any, store: str) -> None:
+    """PyTorch's DDP tutorial code on the ranks of a Connect session: torchrun's variables
+    on every rank, the store on an address of this machine (where the client runs the job),
+    the sampler's halves, equal weights, its checkpoints in the job's run."""
+    import psutil
+    from test_torch_distributed import _check_contract
+
+    runner = HorovodRunner(np=2, spark=connect)
+    out = runner.run(workers.ddp_as_pytorch_writes_it)
+    env = out["ranks"][0]["env"]
+    ours = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    assert env["MASTER_ADDR"] in ours and env["GLOO_SOCKET_IFNAME"]
+    _check_contract(out, env["MASTER_ADDR"], env["GLOO_SOCKET_IFNAME"])
+    client = mlflow.MlflowClient()
+    history = client.get_metric_history(str(runner.last_run_id), "loss")
+    assert [m.step for m in history] == [0, 1, 2]
+
+
 def test_a_sweep_of_two_trials_runs_on_one_generation_of_ranks(
         connect: Any, store: str) -> None:
     from hyperopt import hp

@@ -103,8 +103,11 @@ def train_and_evaluate_hvd(lr: float = 0.001, checkpoint_dir: str = "") -> dict[
 
 
 def main(argv: list[str]) -> None:
+    import os
+
     from pyspark.sql import SparkSession
 
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors run this Python
     spark = SparkSession.builder.master("local[2]").getOrCreate()
     make_converters(spark)
     # --8<-- [start:run]

@@ -11,11 +11,13 @@
 #   main      pytest: Horovod ranks, the shared local-cluster session, servers, browser
 #   old-end   pytest -m old_end in the old end's environment (Python 3.12, TF 2.16, ...):
 #             started first, in the background (scripts/end_tier.sh old), reported here
-#   cluster   pytest: the two-node namespace cluster (one for the whole tier)
+#   cluster   pytest: the two-node namespace cluster (one for the whole tier): in the
+#             background beside main, once the old end's and the beside tier's tests are
+#             done; reported after main
 #   new-end   pytest -m new_end in the new end's environment (Python 3.13, TF 2.21, PyTorch
 #             2.14's CUDA build, ...): its environment prepared from the start, in the
-#             background (scripts/end_tier.sh new), its tests beside the cluster tier;
-#             reported here
+#             background (scripts/end_tier.sh new), its tests beside the cluster tier's
+#             tail, once main is done; reported here
 #
 # Each tier's wall time is printed when it ends, and all of them at the end (also on
 # failure), with this machine's speed (two concurrent TensorFlow+Horovod imports) and the
@@ -37,6 +39,7 @@ SUMMARY=()
 START=$(date +%s)
 END_PIDS=()
 BESIDE_PID=""
+CLUSTER_PID=""
 STATIC_PID=""
 DISK_PID=""
 
@@ -83,6 +86,7 @@ finish() {
   # the background tiers, with their tests and their ranks (their own sessions)
   for pid in "${END_PIDS[@]}"; do [ -n "$pid" ] && kill -- "-$pid" 2>/dev/null; done
   [ -n "$BESIDE_PID" ] && kill -- "-$BESIDE_PID" 2>/dev/null
+  [ -n "$CLUSTER_PID" ] && kill -- "-$CLUSTER_PID" 2>/dev/null
   [ -n "$STATIC_PID" ] && kill -- "-$STATIC_PID" 2>/dev/null
   [ -n "$DISK_PID" ] && kill "$DISK_PID" 2>/dev/null
   summary
@@ -196,6 +200,15 @@ end_wait() {
   return $rc
 }
 
+# running PID: the process exists and has not exited (an exited child of another process
+# stays a zombie until that process waits for it)
+running() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  stat="${stat##*) }"
+  [ "${stat%% *}" != "Z" ]
+}
+
 # `--tier NAME`: one background tier (see `background`)
 if [ "${1:-}" = "--tier" ]; then
   t0=$(date +%s)
@@ -203,6 +216,16 @@ if [ "${1:-}" = "--tier" ]; then
   case "$2" in
     static) static || rc=$? ;;
     beside) pytest_tier beside "beside" || rc=$? ;;
+    cluster)
+      # after the tiers it must not share the namespace cluster or the cores with: the old
+      # end's tests (they use the namespace cluster) and the beside tier (its fresh venv and
+      # JVM take a core of their own); their processes are named by AFTER_PIDS
+      for pid in ${AFTER_PIDS:-}; do
+        while running "$pid"; do sleep 2; done
+      done
+      echo "== cluster: its tests start at $(date -u +%H:%M:%S) =="
+      pytest_tier cluster "cluster" || rc=$?
+      ;;
     *) echo "test_tiers: no background tier $2" >&2; rc=2 ;;
   esac
   echo "$rc $t0 $(date +%s)" > "$LOGS/$2.status"
@@ -214,8 +237,8 @@ disk_watch > "$DISK_LOG" 2>/dev/null &
 DISK_PID=$!
 
 # the old end's tests run from the start (they use the namespace cluster, so the cluster
-# tier waits for them); the new end's wait for the cluster tier, whose namespace cluster
-# leaves about a third of the cores idle (the tiers before keep them busy)
+# tier waits for them); the new end's wait for the main tier's end, and run beside the
+# cluster tier's tail
 NEW_END_GO="$LOGS/new-end.go"
 rm -f "$NEW_END_GO"
 wants old-end && start_end old
@@ -258,6 +281,17 @@ if wants beside; then
   BESIDE_PID=$BG_PID
   echo "beside: its tests run in the background (log: $LOGS/beside.log)"
 fi
+# the cluster tier beside the main tier, once the old end's tests (which use the namespace
+# cluster) and the beside tier are done: each tier alone left a fifth of the two cores idle
+# (ranks waiting on collectives, servers, JVMs starting); their tests keep to their own
+# processes (tests/conftest.py's session mark), ports and, for the cluster, network
+# namespaces
+if wants cluster; then
+  export AFTER_PIDS="${END_PID[old]:-} $BESIDE_PID"
+  background cluster
+  CLUSTER_PID=$BG_PID
+  echo "cluster: its tests run in the background after the old end's and the beside tier's (log: $LOGS/cluster.log)"
+fi
 wants main && tier main pytest_tier main "$MAIN_EXPR"
 if [ -n "$BESIDE_PID" ]; then
   BACKGROUND_NOTE=""
@@ -269,8 +303,14 @@ if wants old-end; then
   tier old-end end_wait old
   SUMMARY+=("$END_NOTE")
 fi
+# the new end's tests beside the cluster tier's tail, once the main tier is done
 touch "$NEW_END_GO"
-wants cluster && tier cluster pytest_tier cluster "cluster"
+if [ -n "$CLUSTER_PID" ]; then
+  BACKGROUND_NOTE=""
+  tier cluster background_wait cluster "$CLUSTER_PID"
+  CLUSTER_PID=""
+  SUMMARY+=("$BACKGROUND_NOTE")
+fi
 if wants new-end; then
   tier new-end end_wait new
   SUMMARY+=("$END_NOTE")

@@ -17,6 +17,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -298,6 +299,9 @@ def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
         f"mkdir -p {p} && mount --bind {stage}/{i} {p} && "
         for i, p in enumerate(kept)
     )
+    # the session's own JVM options (tests/conftest.py) after the node's temporary directory
+    java_options = " ".join(
+        filter(None, [f"-Djava.io.tmpdir={local}", os.environ.get("JAVA_TOOL_OPTIONS")]))
     spark_home = Path(spark_class()).parents[1]
     if bare:
         # Spark (the pip package's directory) stays reachable through a bind made before
@@ -311,7 +315,7 @@ def _start_worker(node: str, ip: str, master_url: str, hosts_file: Path,
         f"mkdir -p {stage} && mount -t tmpfs -o size=1m tmpfs {stage} && {keep_in}"
         f"mount -t tmpfs -o size=2g tmpfs /tmp && {keep_out}"
         f"export SPARK_WORKER_OPTS='{gpu_opts}' SPARK_HOME={spark_home} "
-        f"SPARK_LOCAL_DIRS={local} JAVA_TOOL_OPTIONS=-Djava.io.tmpdir={local} && "
+        f"SPARK_LOCAL_DIRS={local} JAVA_TOOL_OPTIONS={shlex.quote(java_options)} && "
         f"exec {spark_home}/bin/spark-class org.apache.spark.deploy.worker.Worker {master_url} "
         f"--host {ip} --cores 2 --memory 3g --work-dir {work}"
     )

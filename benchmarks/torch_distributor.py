@@ -9,13 +9,25 @@ the warm arm's ranks keep 2 while the other arms run on the other 2).
    HorovodRunner(...)``) beside them. Rank 0 notes when the function starts and ends, so
    each arm's time splits into launch (``run()`` to the function), the function, and the
    way back.
+   The same ``torch.distributed`` function (``init_process_group("gloo")``, torchrun's
+   variables) also runs unchanged under HorovodRunner, new and warm ranks: the launch of a
+   DDP job moved from TorchDistributor by one import.
 2. **Training throughput**: an MLP 256-512-512-10, batch 64, one thread per rank,
-   ``--steps`` timed steps after 20: DistributedDataParallel under TorchDistributor vs
-   ``hvd.DistributedOptimizer`` under HorovodRunner; rank 0's steps/s.
+   ``--steps`` timed steps after 20: DistributedDataParallel under TorchDistributor, the same
+   DDP function under HorovodRunner, and ``hvd.DistributedOptimizer`` under HorovodRunner;
+   rank 0's steps/s.
+3. **Memory per rank**: the same model (``--layers`` Linear(2048, 2048) layers, 16.8 MB of
+   float32 parameters each) and optimizer (Adam), 10 steps of batch 64, under
+   HorovodRunner(np=2): DDP (every rank holds the whole model, its gradients and Adam's two
+   states) vs FSDP2 (``fully_shard`` per layer on a CPU mesh, Gloo; built on the meta device
+   and materialised shard by shard, as a model too big for one rank is). Each rank's peak
+   resident memory from just before the model is built (the kernel's high-water mark reset
+   there: ``/proc/self/clear_refs``) to the end of the steps; the larger rank's figure.
 
 Arms alternate every round; prints min/median/max per arm and the ratios of medians.
 
     .venv/bin/python benchmarks/torch_distributor.py [--rounds 4] [--steps 150] [--part all]
+                                                     [--layers 8]
                                                      [--arm cycle=2 --arm groups=1 ...]
 """
 
@@ -118,6 +130,61 @@ def hvd_train(steps: int, groups: int = 0) -> float:
     return _timed_steps(model, optimizer, steps)
 
 
+def _resident_mb(field: str) -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def memory_peak(kind: str, layers: int, steps: int = 10) -> float:
+    """Rank body of part 3: this rank's peak resident MB above what it held before the
+    model was built; every rank's figure gathered, the largest returned."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    x = torch.randn(64, 2048)
+    y = torch.randint(0, 10, (64,))
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # the high-water mark (VmHWM) starts again from here
+    base = _resident_mb("VmRSS")
+
+    def build() -> Any:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(layers)],
+                                   torch.nn.Linear(2048, 10))
+
+    if kind == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        with torch.device("meta"):
+            model = build()
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device="cpu")  # each rank allocates its shards only
+        with torch.no_grad():
+            for layer in model:
+                layer.reset_parameters()
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(build())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    peak = torch.tensor([_resident_mb("VmHWM") - base])
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    dist.barrier()
+    dist.destroy_process_group()
+    return float(peak)
+
+
 def summary(name: str, values: list[float], unit: str) -> str:
     return (f"{name:34s} min {min(values):8.2f}  median {statistics.median(values):8.2f}  "
             f"max {max(values):8.2f} {unit}   runs: " + " ".join(f"{v:.2f}" for v in values))
@@ -157,6 +224,11 @@ def launch(spark: Any, rounds: int) -> None:
             "HorovodRunner": lambda: timed(lambda: HorovodRunner(
                 np=2, spark=spark, tracking=off).run(hvd_trivial)),
             "HorovodRunner warm": lambda: timed(lambda: warm.run(hvd_trivial)),
+            # the TorchDistributor function itself, unchanged: torch.distributed from the
+            # torchrun variables HorovodRunner gives each rank
+            "DDP code under HorovodRunner": lambda: timed(lambda: HorovodRunner(
+                np=2, spark=spark, tracking=off).run(td_trivial)),
+            "DDP code under HorovodRunner warm": lambda: timed(lambda: warm.run(td_trivial)),
         }
         results = alternate(arms, rounds)
     print(f"launch: np=2 on local-cluster[2,2,1024], a trivial allreduce, {rounds} rounds "
@@ -171,6 +243,9 @@ def launch(spark: Any, rounds: int) -> None:
     print(f"HorovodRunner / TorchDistributor (medians) = "
           f"{med['HorovodRunner'] / med['TorchDistributor']:.2f}; warm: "
           f"{med['HorovodRunner warm'] / med['TorchDistributor']:.3f}")
+    print(f"DDP code: HorovodRunner / TorchDistributor (medians) = "
+          f"{med['DDP code under HorovodRunner'] / med['TorchDistributor']:.2f}; warm: "
+          f"{med['DDP code under HorovodRunner warm'] / med['TorchDistributor']:.3f}")
 
 
 def parse_arm(spec: str) -> tuple[dict[str, Any], int]:
@@ -199,6 +274,8 @@ def throughput(spark: Any, rounds: int, steps: int, specs: list[str]) -> None:
     arms: dict[str, Callable[[], Any]] = {
         "DDP under TorchDistributor": lambda: TorchDistributor(
             num_processes=2, local_mode=False, use_gpu=False).run(td_train, steps),
+        "DDP under HorovodRunner": lambda: HorovodRunner(
+            np=2, spark=spark, tracking=off).run(td_train, steps=steps),
         "Horovod under HorovodRunner": lambda: HorovodRunner(
             np=2, spark=spark, tracking=off).run(hvd_train, steps=steps),
     }
@@ -220,15 +297,59 @@ def throughput(spark: Any, rounds: int, steps: int, specs: list[str]) -> None:
         print(summary(name, values, "steps/s"))
     med = {name: statistics.median(v) for name, v in results.items()}
     for name in med:
-        if name.startswith("Horovod"):
-            print(f"{name} / DDP (medians) = {med[name] / med['DDP under TorchDistributor']:.2f}")
+        if name != "DDP under TorchDistributor":
+            print(f"{name} / DDP under TorchDistributor (medians) = "
+                  f"{med[name] / med['DDP under TorchDistributor']:.2f}")
+
+
+THRESHOLD = "MALLOC_MMAP_THRESHOLD_"
+
+
+def memory(rounds: int, layers: int) -> None:
+    from mlflow_hvd import HorovodRunner, TrackingConfig
+
+    off = TrackingConfig(track=False)
+
+    def arm(kind: str, threshold: str | None) -> Callable[[], float]:
+        def call() -> float:
+            # local ranks start with the driver's environment: glibc's allocator settings
+            # are read as a process starts
+            if threshold is None:
+                os.environ.pop(THRESHOLD, None)
+            else:
+                os.environ[THRESHOLD] = threshold
+            try:
+                return float(HorovodRunner(np=-2, tracking=off).run(
+                    memory_peak, kind=kind, layers=layers))
+            finally:
+                os.environ.pop(THRESHOLD, None)
+        return call
+
+    names = {"ddp": "DDP", "fsdp": "FSDP2 (fully_shard)"}
+    arms = {f"{names[kind]}{label}": arm(kind, threshold)
+            for threshold, label in ((None, ""), ("1048576", f", {THRESHOLD}=1048576"))
+            for kind in ("ddp", "fsdp")}
+    results = alternate(arms, rounds)
+    params_mb = (layers * (2048 * 2048 + 2048) + 2048 * 10 + 10) * 4 / 1e6
+    print(f"memory: {layers} x Linear(2048, 2048) + Linear(2048, 10) ({params_mb:.0f} MB of "
+          f"float32 parameters), Adam, 10 steps of batch 64, 2 local ranks, {rounds} rounds "
+          "after a warm-up, arms rotated (the larger rank's peak resident MB above its start)")
+    for name, values in results.items():
+        print(summary(name, values, "MB"))
+    med = {name: statistics.median(v) for name, v in results.items()}
+    for label in ("", f", {THRESHOLD}=1048576"):
+        print(f"FSDP2 / DDP peak per rank{label or ', glibc defaults'} (medians) = "
+              f"{med[names['fsdp'] + label] / med[names['ddp'] + label]:.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--part", choices=("all", "launch", "throughput"), default="all")
+    parser.add_argument("--part", choices=("all", "launch", "throughput", "memory"),
+                        default="all")
+    parser.add_argument("--layers", type=int, default=8,
+                        help="Linear(2048, 2048) layers of part 3's model (16.8 MB each)")
     parser.add_argument("--arm", action="append", default=[],
                         help="also a Horovod arm with these settings, e.g. cycle=2 (ms), "
                              "fusion=0 (MB), groups=1 (DistributedOptimizer's), or "
@@ -250,6 +371,8 @@ def main() -> None:
             launch(spark, args.rounds)
         if args.part in ("all", "throughput"):
             throughput(spark, args.rounds, args.steps, args.arm)
+        if args.part in ("all", "memory"):
+            memory(args.rounds, args.layers)
     finally:
         spark.stop()
 

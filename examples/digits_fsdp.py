@@ -2,7 +2,10 @@
 sharded over the ranks, so each holds about 1/np of its parameters, gradients and Adam
 state - the answer when a model no longer fits one node. The eight steps of Horovod's
 migration, in torch.distributed's terms; rank 0 logs and checkpoints with
-:mod:`mlflow_hvd.torch` (the full state gathered to rank 0 where it fits).
+:mod:`mlflow_hvd.torch`: the full state gathered to rank 0 where it fits, or with
+``sharded_checkpoints=True`` each rank's part as it is (``torch.distributed.checkpoint``),
+for a model whose whole state does not fit one host. The trained model is logged from its
+gathered state (only rank 0 needs to hold it whole, once, at the end).
 
     HorovodRunner(np=2).run(train, epochs=3)
     mlflow run . -P np=2 -P train=examples/digits_fsdp.py:train
@@ -41,7 +44,11 @@ def train(
     learning_rate: float = 0.001,
     seed: int = 0,
     width: int = 512,
+    data: Any = "digits",
+    val: Any = None,
     fail_at_epoch: int | None = None,
+    sharded_checkpoints: bool = False,
+    log_model: bool = True,
     run_params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train the sharded model on this rank's shard of the data; returns rank 0's held-out
@@ -49,8 +56,11 @@ def train(
     against the whole model's parameters).
 
     Logs ``loss``, ``val_loss`` and ``val_accuracy`` per epoch (step = epoch) with a
-    checkpoint of the gathered model and optimizer. ``fail_at_epoch`` makes rank 1 raise at
-    the start of that epoch on the job's first attempt: with
+    checkpoint of the model and optimizer (gathered, or sharded with
+    ``sharded_checkpoints``), the test metrics and the model at the end. ``data`` is
+    ``"digits"`` or a DataFrame of ``pixels`` (64 floats) and ``label`` passed to ``run()``
+    (``val``: one to validate on, each rank its own part). ``fail_at_epoch`` makes rank 1
+    raise at the start of that epoch on the job's first attempt: with
     ``HorovodRunner(job=JobConfig(max_failures=1))`` the next attempt resumes after the last
     checkpoint, each rank loading its shard of it.
     """
@@ -59,6 +69,7 @@ def train(
     import torch.distributed as dist
     import torch.nn.functional as F
     from sklearn.model_selection import train_test_split
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.utils.data import DataLoader, TensorDataset
@@ -67,6 +78,7 @@ def train(
     import mlflow_hvd
     from mlflow_hvd import torch as hvd_torch
     from mlflow_hvd import tracking
+    from mlflow_hvd.data import Shard
 
     # 1. Initialise: torch.distributed from the environment HorovodRunner gives each rank.
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -90,9 +102,21 @@ def train(
         return TensorDataset(torch.from_numpy(x.reshape(len(x), 64)), torch.from_numpy(y))
 
     # 3. Shard the data: every rank a distinct, equal-size shard (remainder dropped).
-    train_set = tensors(x_train, y_train)
-    sampler = DistributedSampler(train_set, shuffle=True, seed=seed, drop_last=True)
-    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    if data == "digits":
+        train_set = tensors(x_train, y_train)
+        sampler: Any = DistributedSampler(train_set, shuffle=True, seed=seed, drop_last=True)
+        loader: Any = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+        shard_size = len(sampler)
+    else:  # a DataFrame passed to run(): this rank's own rows, fed by its Spark task
+        if not isinstance(data, Shard):
+            raise TypeError(f"data must be 'digits' or a DataFrame, got {data!r}")
+        sampler = None  # the shard shuffles each pass itself, from seed + epoch
+        loader = data.torch_loader(batch_size, label="label", features=["pixels"], seed=seed)
+        shard_size = data.rows
+    if isinstance(val, Shard):  # a validation DataFrame: this rank's rows of it
+        rows = list(val.batches(min(256, val.rows), shuffle=False))
+        x_val = np.concatenate([b["pixels"] for b in rows]).reshape(-1, 8, 8, 1)
+        y_val = np.concatenate([b["label"] for b in rows]).astype("int64")
 
     # 6. The same initial state everywhere: every rank builds the model from one seed (a
     # restored checkpoint below then comes from rank 0), and each keeps only its shard.
@@ -117,7 +141,7 @@ def train(
     if run_params:
         tracking.log_params(run_params, keep_existing=True)
     tracking.log_params({"framework": "pytorch-fsdp2", "world_size": size,
-                         "shard_size": len(sampler)}, keep_existing=True)
+                         "shard_size": shard_size}, keep_existing=True)
 
     def evaluate(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         model.eval()
@@ -135,21 +159,25 @@ def train(
             if rank == min(1, size - 1):
                 raise RuntimeError(f"injected failure at the start of epoch {epoch}")
         model.train()
-        sampler.set_epoch(epoch)
+        if sampler is not None:
+            sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         total, batches = 0.0, 0
         for features, labels in loader:
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(features.to(device)), labels.to(device))
+            logits = model(features.reshape(-1, 64).to(device))
+            loss = F.cross_entropy(logits, labels.long().to(device))
             loss.backward()
             optimizer.step()
-            total, batches, global_step = total + float(loss), batches + 1, global_step + 1
+            total, batches, global_step = total + loss.item(), batches + 1, global_step + 1
         mean = torch.tensor([total / max(batches, 1)])
         dist.all_reduce(mean)  # the epoch's loss over every rank's batches
         val_loss, val_accuracy = evaluate(x_val, y_val)
         metrics = {"loss": float(mean) / size, "val_loss": val_loss,
                    "val_accuracy": val_accuracy}
-        # 7. Checkpoints on rank 0: the full state gathered there (every rank takes part).
-        hvd_torch.save_checkpoint(model, optimizer, epoch, global_step, metrics)
+        # 7. Checkpoints on rank 0: the full state gathered there, or each rank's part sent
+        # there one chunk at a time (sharded_checkpoints); every rank takes part.
+        hvd_torch.save_checkpoint(model, optimizer, epoch, global_step, metrics,
+                                  sharded=sharded_checkpoints)
         if rank == 0:  # 8. Only rank 0 talks.
             mlflow_hvd.log_to_driver(
                 f"epoch {epoch + 1}/{epochs} loss={metrics['loss']:.4f} "
@@ -163,6 +191,18 @@ def train(
                                      if torch.is_tensor(v) and v.dim() > 0)}
     everyone: list[Any] = [None] * size
     dist.all_gather_object(everyone, held)
+    if log_model and not tracking.was_pruned():
+        # the whole model, gathered once to rank 0's CPU (every rank takes part), logged
+        # as an unsharded module that mlflow.pytorch.load_model gives back anywhere
+        whole = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            plain = build_model(width)
+            plain.load_state_dict(whole)
+            plain.eval()
+            hvd_torch.log_model(plain, name="model",
+                                input_example=x_test[:4].reshape(4, 64).astype("float32"))
+        del whole
     dist.destroy_process_group()
     return {"test_loss": test_loss, "test_accuracy": test_accuracy, "full_bytes": full_bytes,
             "held": everyone, "start_epoch": start_epoch}

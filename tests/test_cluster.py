@@ -443,11 +443,13 @@ def test_a_rank_killed_on_node_b_and_the_run_resumed_on_two_ranks(
 
 def test_an_elastic_job_loses_a_host_goes_on_with_fewer_ranks_and_grows_back(
         cluster: Cluster, client: Any, tmp_path: Path) -> None:
-    """np=4, min_np=2, a PyTorch job on a DataFrame, paced epoch by epoch through a gate
-    file. node-b dies for good after epoch 1: the job goes on on node-a's 2 ranks from
-    epoch 1's checkpoint (its data split in halves, its learning rate halved); node-b comes
-    back: the job grows back to 4 ranks at the next checkpoint. Every epoch is logged once,
-    each with the size it ran on; the run FINISHED with rank 0's value of the last attempt."""
+    """np=4, min_np=2, an FSDP2 job (torch.distributed) on a DataFrame, paced epoch by epoch
+    through a gate file, with sharded checkpoints (a file per rank, sent through rank 0 to
+    the server: the hosts share no disk). node-b dies for good after epoch 1: the job goes
+    on on node-a's 2 ranks from epoch 1's checkpoint, resharded (its data split in halves,
+    its learning rate halved); node-b comes back: the job grows back to 4 ranks at the next
+    checkpoint. Every epoch is logged once, each with the size it ran on; the run FINISHED
+    with rank 0's value of the last attempt."""
     from cluster import STATE
 
     gate = STATE / "elastic-gate"
@@ -503,6 +505,10 @@ def test_an_elastic_job_loses_a_host_goes_on_with_fewer_ranks_and_grows_back(
     assert lrs == [pytest.approx(0.01 * w) for w in world]  # rescaled on each resume
     sizes = [int(v) for _, v in history(run_id, "mlflow_hvd.world_size")]
     assert sizes[0] == 4 and sizes[-1] == 4 and sizes[-2] == 2, sizes
+    for epoch, size in enumerate(world):  # each checkpoint: a file per rank that wrote it
+        files = {os.path.basename(a.path) for a in client.list_artifacts(
+            run_id, f"checkpoints/epoch_{epoch}/checkpoint.dcp")}
+        assert files == {".metadata"} | {f"__{r}_0.distcp" for r in range(size)}, files
     assert not [a for a in applications(cluster.master_ui) if a.get("state") == "RUNNING"]
     _no_rank_left(cluster)
 

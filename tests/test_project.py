@@ -138,25 +138,26 @@ def test_mlflow_run_of_the_sweep_entry_point_on_local_ranks(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_mlflow_run_of_the_pytorch_example_on_two_spark_ranks_from_parquet(
+def test_mlflow_run_of_the_fsdp_example_on_two_spark_ranks_from_parquet(
         tmp_path: Path) -> None:
-    """`mlflow run . -P np=2 -P train=examples/digits_torch.py:train -P data=<parquet>`:
-    Spark reads the data set, each horovod.torch rank trains on its own partition (and
-    validates on its own part of the 15% held out); per-epoch metrics, checkpoints, a
-    PyTorch model and both DataFrames as dataset inputs in the run."""
+    """`mlflow run . -P np=2 -P train=examples/digits_fsdp.py:train -P data=<parquet>`: a
+    torch.distributed entry point (FSDP2: the model sharded over the ranks). Spark reads the
+    data set, each rank trains on its own partition (and validates on its own part of the
+    15% held out); per-epoch metrics, checkpoints (gathered to rank 0), the model logged
+    whole and both DataFrames as dataset inputs in the run."""
     import digits_to_parquet
 
     data = tmp_path / "digits_parquet"
     rows = digits_to_parquet.write(str(data), files=3)
     uri = f"sqlite:///{tmp_path}/torch.db"
     proc = _mlflow_run(REPO, tmp_path, uri, "np=2", "epochs=2",
-                       "train=examples/digits_torch.py:train", f"data={data}")
+                       "train=examples/digits_fsdp.py:train", f"data={data}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "test accuracy" in proc.stdout
     run = _only_run(uri)
     client = mlflow.MlflowClient()
     assert run.info.status == "FINISHED"
-    assert run.data.params["framework"] == "pytorch" and run.data.params["np"] == "2"
+    assert run.data.params["framework"] == "pytorch-fsdp2" and run.data.params["np"] == "2"
     for key in ("loss", "val_loss", "val_accuracy"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0, 1]
     ckpts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]

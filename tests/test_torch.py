@@ -170,15 +170,24 @@ def test_mlflows_own_pytorch_api_logs_from_rank_0_only(store: str, warm_ranks: A
     assert doubler(torch.ones(2)).tolist() == [2.0, 2.0]
 
 
-def test_a_keras_checkpoint_is_not_resumed_as_a_torch_one(store: str) -> None:
-    with mlflow.start_run() as run:  # a Keras job's run, as MlflowCallback tags it
-        mlflow.set_tag("mlflow.latest_checkpoint_artifact", "checkpoints/epoch_0/checkpoint.keras")
+@pytest.mark.parametrize(("latest", "why"), [
+    ("checkpoints/epoch_0/checkpoint.keras", "not a PyTorch checkpoint (checkpoint.pt or "
+     "checkpoint.dcp); resume it with the framework that wrote it"),
+    ("checkpoints/epoch_0/checkpoint.dcp", "a sharded one (torch.distributed.checkpoint): "
+     "resume it in a job that calls dist.init_process_group(...), as the one that wrote it "
+     "did, not under horovod.torch"),
+])
+def test_a_checkpoint_another_kind_of_job_wrote_is_refused_before_it_is_read(
+        store: str, latest: str, why: str) -> None:
+    """A Keras job's checkpoint, and a sharded one (torch.distributed) under horovod.torch:
+    named by rank 0 before any download."""
+    with mlflow.start_run() as run:  # the run as such a job tags it
+        mlflow.set_tag("mlflow.latest_checkpoint_artifact", latest)
         with pytest.raises(WorkerFailedError) as info:
             HorovodRunner(np=-1).run(digits_torch.train, epochs=2, log_model=False)
     assert info.value.root_cause.error == (
-        f"ConfigurationError: the latest checkpoint of run {run.info.run_id} is "
-        "checkpoints/epoch_0/checkpoint.keras, not a PyTorch checkpoint (checkpoint.pt); "
-        "resume it with the framework that wrote it")
+        f"ConfigurationError: the latest checkpoint of run {run.info.run_id} is {latest}, "
+        + why)
 
 
 def test_the_example_is_importable_without_torch_on_the_driver() -> None:

@@ -133,26 +133,73 @@ def test_fsdp2_on_gloo_averages_gradients_and_each_rank_holds_half(warm_ranks: A
     assert out["held"] * 2 == out["whole"], out
 
 
-def test_the_fsdp_example_resumes_after_a_failure_each_rank_holding_half_the_model(
-        store: str) -> None:
-    """examples/digits_fsdp.py under HorovodRunner(np=-2): rank 1 fails at epoch 1 of the
-    first attempt, the second loads epoch 0's gathered checkpoint into its shards and goes
-    on; each rank held half of the parameters, of the gradients and of Adam's state."""
+def test_the_fsdp_example_resumes_from_sharded_checkpoints_on_as_many_ranks_and_on_more(
+        store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """examples/digits_fsdp.py with sharded checkpoints (each rank's part, sent to the run
+    through rank 0) under HorovodRunner(np=-2): rank 1 fails at epoch 1 of the first
+    attempt, the second loads epoch 0's checkpoint, each rank its part, and goes on; each
+    rank held half of the parameters, of the gradients and of Adam's state. The run's last
+    checkpoint, read with torch.distributed.checkpoint alone, is the model the job logged.
+    The same run continued on 3 ranks reads it resharded (a third each) and logs the same
+    model again."""
     import digits_fsdp
+    import torch
+    import torch.distributed.checkpoint as dcp
 
     runner = HorovodRunner(np=-2, job=JobConfig(max_failures=1, stop_grace=2))
-    out = runner.run(digits_fsdp.train, epochs=2, fail_at_epoch=1)
+    out = runner.run(digits_fsdp.train, epochs=2, fail_at_epoch=1, sharded_checkpoints=True)
     assert out["start_epoch"] == 1 and out["test_accuracy"] > 0.8, out
     whole = out["full_bytes"]
     for held in out["held"]:
         assert held == {"params": whole // 2, "grads": whole // 2, "optimizer": whole}, out
     client = mlflow.MlflowClient()
-    run = client.get_run(str(runner.last_run_id))
+    run_id = str(runner.last_run_id)
+    run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
-    assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run.info.run_id}@epoch_0"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]
-    assert run.data.tags["mlflow.latest_checkpoint_artifact"] == (
-        "checkpoints/epoch_1/checkpoint.pt")
+    assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run_id}@epoch_0"
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1]
+    latest = run.data.tags["mlflow.latest_checkpoint_artifact"]
+    assert latest == "checkpoints/epoch_1/checkpoint.dcp"
+    assert {Path(a.path).name for a in client.list_artifacts(run_id, latest)} == {
+        ".metadata", "__0_0.distcp", "__1_0.distcp"}
+    (logged,) = run.outputs.model_outputs
+    trained = mlflow.pytorch.load_model(f"models:/{logged.model_id}").state_dict()
+    files = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=latest,
+                                                dst_path=str(tmp_path))
+    state = {"model": {k: torch.zeros_like(v) for k, v in trained.items()}}
+    dcp.load(state, checkpoint_id=files)  # no process group: this process reads it all
+    assert all(torch.equal(state["model"][k], trained[k]) for k in trained)
+
+    # the run continued on 3 ranks: nothing left to train, the checkpoint read resharded
+    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)
+    more = HorovodRunner(np=-3, driver_log_verbosity="all").run(
+        digits_fsdp.train, epochs=2, sharded_checkpoints=True)
+    assert more["start_epoch"] == 2 and more["test_loss"] == pytest.approx(
+        out["test_loss"], abs=1e-6), (more, out)
+    assert sum(h["params"] for h in more["held"]) == whole
+    assert max(h["params"] for h in more["held"]) < whole // 2, more  # a third each
+    told = capfd.readouterr()  # the ranks' streams, forwarded by the driver
+    assert ("the checkpoint of epoch 1 was written by 2 ranks; the learning rate it "
+            "restored is scaled by 1.5 for 3") in told.out + told.err
+    models = client.get_run(run_id).outputs.model_outputs
+    again = next(m for m in models if m.model_id != logged.model_id)
+    resumed = mlflow.pytorch.load_model(f"models:/{again.model_id}").state_dict()
+    assert all(torch.equal(resumed[k], trained[k]) for k in trained)
+
+
+def test_sharded_checkpoint_files_move_to_rank_0_and_back_a_chunk_at_a_time(
+        warm_ranks: Any) -> None:
+    """The transfers under sharded checkpoints, with 1000-byte messages: rank 0 hands on
+    every rank's files, its own first, each byte intact, and keeps only its own; then every
+    rank receives rank 0's files intact (an empty file, files ending on a message's end and
+    just past or before one)."""
+    out = warm_ranks.run(workers.sharded_files_moved, chunk=1000)
+    first, second = out["ranks"]
+    assert out["names"] == [*sorted(first["written"]), *sorted(second["written"])]
+    assert out["uploaded"] == {**first["written"], **second["written"]}
+    assert out["kept"] == sorted(first["written"])  # received files deleted once handed on
+    assert first["received"] == second["received"] == first["written"]
 
 
 def test_the_drivers_store_binds_a_port_at_once_serves_when_asked_and_releases_it() -> None:

@@ -184,6 +184,49 @@ def nccl_on_cpu() -> None:
     dist.init_process_group("nccl")
 
 
+def sharded_files_moved(chunk: int = 1000) -> dict[str, Any]:
+    """mlflow_hvd.torch.sharded's file transfers on a Gloo group, ``chunk`` bytes a message:
+    every rank's files to rank 0 (an empty file, files ending on a chunk boundary and past
+    one), then rank 0's files to every rank. Returns what each rank wrote, what rank 0's
+    ``upload`` saw, what rank 0 kept, and what each rank received (sha256 by name)."""
+    import hashlib
+    import tempfile
+
+    import torch.distributed as dist
+
+    from mlflow_hvd.torch import sharded
+
+    def digest(path: str) -> str:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    saved, sharded.CHUNK = sharded.CHUNK, chunk
+    try:
+        with tempfile.TemporaryDirectory() as mine, tempfile.TemporaryDirectory() as other:
+            written = {}
+            for i, size in enumerate([[0, 2 * chunk + 500, chunk], [chunk - 1, 1, 3 * chunk + 1]]
+                                     [rank % 2]):
+                path = os.path.join(mine, f"r{rank}_{i}")
+                with open(path, "wb") as f:
+                    f.write(os.urandom(size))
+                written[os.path.basename(path)] = digest(path)
+            uploaded: dict[str, str] = {}
+            names = sharded.to_rank0(mine, lambda p: uploaded.update(
+                {os.path.basename(p): digest(p)}) if rank == 0 else None)
+            kept = sorted(os.listdir(mine))
+            target = mine if rank == 0 else other
+            sharded.from_rank0(target)
+            received = {n: digest(os.path.join(target, n)) for n in os.listdir(target)}
+    finally:
+        sharded.CHUNK = saved
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, {"written": written, "received": received})
+    dist.destroy_process_group()
+    return {"names": names, "uploaded": uploaded, "kept": kept, "ranks": everyone}
+
+
 def fsdp_gradients(steps: int = 1) -> dict[str, Any]:
     """FSDP2 (``fully_shard`` on a CPU mesh, Gloo) next to a plain copy of the same model on
     every rank, each rank its own batch: returns rank 0's view of the largest difference
@@ -1398,44 +1441,49 @@ def _wait_for_gate(gate: str, epoch: int, deadline_s: float = 300.0) -> None:
 
 
 def gated_elastic_torch(data: Any, epochs: int, gate: str) -> dict[str, Any]:
-    """The eight steps in PyTorch on a DataFrame shard, one epoch at a time as the test's
-    gate file allows (rank 0 reads it; the others wait in a collective). Each epoch's
-    checkpoint commits with its metrics what the attempt ran on: ``world`` (hvd.size()),
-    ``lr`` (the optimizer's, after any resume) and ``rows`` (this rank's shard)."""
-    import horovod.torch as hvd
+    """An FSDP2 model (torch.distributed, Gloo) on a DataFrame shard, one epoch at a time
+    as the test's gate file allows (rank 0 reads it; the others wait in a barrier), with
+    sharded checkpoints (each rank's part, torch.distributed.checkpoint): a resize reshards
+    them on restore. Each epoch's checkpoint commits with its metrics what the attempt ran
+    on: ``world`` (dist.get_world_size()), ``lr`` (the optimizer's, after any resume) and
+    ``rows`` (this rank's shard)."""
     import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
 
     import mlflow_hvd
     from mlflow_hvd import torch as hvd_torch
 
-    hvd.init()
+    dist.init_process_group("gloo")
+    size = dist.get_world_size()
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=hvd_torch.scale_learning_rate(0.01)),
-        named_parameters=model.named_parameters())
+    model = torch.nn.Linear(4, 8)  # 8 rows: every rank of 2 or 4 holds a part
+    fully_shard(model, mesh=init_device_mesh("cpu", (size,)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=hvd_torch.scale_learning_rate(0.01))
     start = hvd_torch.restore_from_checkpoint(model, optimizer)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     step = 0
     for epoch in range(start, epochs):
-        if hvd.rank() == 0:
+        if dist.get_rank() == 0:
             _wait_for_gate(gate, epoch)
-        hvd.allreduce(torch.zeros(1), name=f"gate_{epoch}")
+        dist.barrier()
         total = 0.0
         for features, labels in data.torch_loader(16, label="label", features=["x"],
                                                   seed=epoch):
             optimizer.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(features).squeeze(1), labels.float())
+            loss = torch.nn.functional.mse_loss(model(features).mean(1), labels.float())
             loss.backward()
             optimizer.step()
-            total, step = total + float(loss), step + 1
+            total, step = total + loss.item(), step + 1
         hvd_torch.save_checkpoint(model, optimizer, epoch, step, {
-            "loss": total, "world": float(hvd.size()), "rows": float(data.rows),
-            "lr": float(optimizer.param_groups[0]["lr"])})
-        if hvd.rank() == 0:
-            mlflow_hvd.log_to_driver(f"epoch {epoch} done on {hvd.size()} ranks")
-    return {"size": hvd.size(), "rows": hvd.allgather_object(data.rows)}
+            "loss": total, "world": float(size), "rows": float(data.rows),
+            "lr": float(optimizer.param_groups[0]["lr"])}, sharded=True)
+        if dist.get_rank() == 0:
+            mlflow_hvd.log_to_driver(f"epoch {epoch} done on {size} ranks")
+    rows: list[Any] = [None] * size
+    dist.all_gather_object(rows, data.rows)
+    dist.destroy_process_group()
+    return {"size": size, "rows": rows}
 
 
 def keras_lr_resumed(epochs: int) -> dict[str, Any]:

@@ -8,7 +8,9 @@ As ``mlflow.tensorflow.autolog(checkpoint=True)`` writes it, so
     tag mlflow.latest_checkpoint_artifact = checkpoints/epoch_<N>/checkpoint.keras
 
 A PyTorch job's model file is ``checkpoint.pt`` instead (``torch.save`` of the model's and
-the optimizer's ``state_dict``), in the same place.
+the optimizer's ``state_dict``), in the same place; a sharded one (``torch.distributed
+.checkpoint``, each rank's part in a file of its own) is the directory ``checkpoint.dcp``,
+which the tag then names.
 
 Rank 0 writes it (:mod:`mlflow_hvd.rank.tracking.checkpoints`); the driver reads the tag to
 tell rank 0 whether there is a checkpoint to resume from.
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "checkpoint.keras"
 TORCH_FILE = "checkpoint.pt"
+TORCH_SHARDED_DIR = "checkpoint.dcp"  # torch.distributed.checkpoint's files
 METRICS_FILE = "checkpoint_metrics.json"
 LATEST_TAG = "mlflow.latest_checkpoint_artifact"
 _EPOCH_RE = re.compile(rf"^{CHECKPOINT_DIR}/epoch_(\d+)/")
@@ -29,7 +32,8 @@ _EPOCH_RE = re.compile(rf"^{CHECKPOINT_DIR}/epoch_(\d+)/")
 
 @dataclass(frozen=True)
 class CheckpointRef:
-    """A checkpoint of a run: which epoch, and the artifact path of its model file."""
+    """A checkpoint of a run: which epoch, and the artifact path of its model file (or
+    directory)."""
 
     run_id: str
     epoch: int

@@ -155,8 +155,10 @@ def call_holding_locals(fn: Callable[..., object], *args: object, **kwargs: obje
     the GIL (pytorch#56297) - and a Gloo thread that has just finished the function's last
     collective needs the GIL to free that work's tensors: a deadlock, seen on one job in
     three that ends with a collective and ``destroy_process_group()``. Under torchrun the
-    process exits there; a rank goes on (its report, a warm rank's next job). The profile
-    hook sees only the call of ``fn`` (it removes itself there)."""
+    process exits there; a rank reports first, and a warm rank then frees the frame before
+    its next job (:func:`release_locals`); a rank that ends exits with ``os._exit``, which
+    frees nothing. The profile hook sees only the call of ``fn`` (it removes itself
+    there)."""
     def hook(frame: types.FrameType, event: str, arg: object) -> None:
         del arg
         if event == "call":

@@ -96,7 +96,10 @@ def main() -> int:
         client.send(WorkerStarted(rank, host))
         code = _run_job(client, rank, host, next_job, boot, torch_jobs)
         if code != 0 or not boot.pooled:
-            return code
+            return code  # the process ends with os._exit: the job's frame is never freed
+        # after the job's outcome is reported: DDP's process group freed where it cannot
+        # deadlock, off the job's own time
+        torch_dist.release_locals()
         torch_jobs.end_job()
         _end_pooled_job()
         try:
@@ -140,7 +143,6 @@ def _run_job(client: ChannelClient, rank: int, host: str, job: NextJob,
                 raise
             value = None
         finally:
-            torch_dist.release_locals()  # DDP's process group freed where it cannot deadlock
             if saved is not None:
                 job_env.leave(saved)
         shard.settle(kwargs)  # a job whose data was not fed fails, used or not

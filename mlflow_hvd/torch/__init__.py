@@ -7,7 +7,9 @@ as PyTorch documents it. What both leave to the user, this module does for MLflo
 * :func:`save_checkpoint` - rank 0 saves the model's and the optimizer's ``state_dict`` as an
   MLflow artifact of the job's run, with the epoch's metrics in the same write as the
   latest-checkpoint tag (the layout of :mod:`mlflow_hvd.protocol.checkpoint_layout`); an
-  FSDP model's full state is gathered to rank 0 first (:mod:`.state`);
+  FSDP model's full state is gathered to rank 0 first (:mod:`.state`), or with
+  ``sharded=True`` each rank's part is saved as it is, for a model too big for one host
+  (:mod:`.sharded`);
 * :func:`restore_from_checkpoint` - after a failure
   (``HorovodRunner(job=JobConfig(max_failures=...))``), rank 0 loads the run's latest
   checkpoint and every rank learns the epoch to continue from (Horovod's broadcasts then give
@@ -23,6 +25,7 @@ from the collectives named.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import sysconfig
@@ -30,9 +33,10 @@ from typing import Any
 
 from mlflow_hvd.common import scratch
 from mlflow_hvd.errors import ConfigurationError
-from mlflow_hvd.protocol.checkpoint_layout import TORCH_FILE
+from mlflow_hvd.protocol.checkpoint_layout import TORCH_FILE, TORCH_SHARDED_DIR
 from mlflow_hvd.rank.tracking import api as tracking_api
 from mlflow_hvd.rank.tracking import checkpoints, requirements
+from mlflow_hvd.torch import sharded as sharded_files
 from mlflow_hvd.torch import state, world
 
 __all__ = ["log_model", "restore_from_checkpoint", "save_checkpoint", "scale_learning_rate"]
@@ -52,17 +56,33 @@ def scale_learning_rate(learning_rate: float) -> float:
 
 
 def save_checkpoint(model: Any, optimizer: Any, epoch: int, global_step: int,
-                    metrics: dict[str, float], log_metrics: bool = True) -> None:
+                    metrics: dict[str, float], log_metrics: bool = True,
+                    sharded: bool = False) -> None:
     """Rank 0: checkpoint ``model`` and ``optimizer`` after ``epoch`` (0-based) into the
     job's run (``checkpoints/epoch_<N>/checkpoint.pt``, a ``torch.save`` of their
     ``state_dict``) and move the latest-checkpoint tag; with ``log_metrics`` (default) the
-    epoch's ``metrics`` go in the same write at step ``epoch``, so a resumed run repeats and
+    epoch's metrics go in the same write at step ``epoch``, so a resumed run repeats and
     skips no step. Call it on every rank: a no-op on other ranks, except that an FSDP
     model's full state is first gathered to rank 0's CPU (a collective). A
     DistributedDataParallel model is saved as its inner module (loadable into a plain
-    one)."""
-    sharded = state.is_sharded(model)
-    if not sharded and not tracking_api.is_logging_rank():
+    one).
+
+    ``sharded=True`` (torch.distributed only) is for a model whose whole state does not fit
+    one host: each rank saves its own part with ``torch.distributed.checkpoint``
+    (``checkpoints/epoch_<N>/checkpoint.dcp/``, a file per rank), and the files reach the
+    run through rank 0 one chunk at a time, so no rank holds more than its part (rank 0's
+    disk keeps a file until it is uploaded). :func:`restore_from_checkpoint` reads it on
+    any number of ranks; ``torch.distributed.checkpoint.load`` reads the downloaded
+    directory too.
+
+    Raises:
+        ConfigurationError: ``sharded=True`` without ``dist.init_process_group()``.
+    """
+    if sharded:
+        _save_sharded(model, optimizer, epoch, global_step, metrics, log_metrics)
+        return
+    is_sharded = state.is_sharded(model)
+    if not is_sharded and not tracking_api.is_logging_rank():
         return
     gathered = state.gather(model, optimizer)
     if gathered is None or not tracking_api.is_logging_rank():
@@ -72,6 +92,26 @@ def save_checkpoint(model: Any, optimizer: Any, epoch: int, global_step: int,
     gathered.update(epoch=epoch, global_step=global_step)
     checkpoints.save_with(lambda path: torch.save(gathered, path), TORCH_FILE, epoch,
                           global_step, metrics, log_metrics)
+
+
+def _save_sharded(model: Any, optimizer: Any, epoch: int, global_step: int,
+                  metrics: dict[str, float], log_metrics: bool) -> None:
+    ranks = world.current()
+    if ranks.kind != "torch.distributed":
+        raise ConfigurationError(
+            "save_checkpoint(sharded=True) saves with torch.distributed.checkpoint: call "
+            "dist.init_process_group(...) first. A horovod.torch model is whole on every "
+            "rank: save it with sharded=False")
+    if not ranks.broadcast(tracking_api.is_logging_rank()):  # tracking off: nothing to keep
+        return
+    with scratch.owned_dir("dcp") as tmp:
+        sharded_files.write(model, optimizer, tmp)
+        if ranks.rank == 0:
+            checkpoints.save_files(lambda upload: sharded_files.to_rank0(tmp, upload),
+                                   TORCH_SHARDED_DIR, epoch, global_step, metrics,
+                                   log_metrics)
+        else:
+            sharded_files.to_rank0(tmp, None)
 
 
 def restore_from_checkpoint(model: Any, optimizer: Any, run_id: str | None = None) -> int:
@@ -85,7 +125,11 @@ def restore_from_checkpoint(model: Any, optimizer: Any, run_id: str | None = Non
     restored state. Under ``torch.distributed`` every rank ends with it: rank 0 sends it to
     the others (a DistributedDataParallel model already broadcast its initial state when it
     was wrapped), and an FSDP model loads each rank's shard of it. A checkpoint written by
-    another number of ranks (an elastic job that shrank or grew) has each parameter group's
+    another number of ranks (an elastic job that shrank or grew) is resharded for this
+    one's FSDP model; a sharded checkpoint (``save_checkpoint(sharded=True)``, readable
+    under torch.distributed only) reaches each rank as rank 0 downloaded it, one chunk at a
+    time, and each loads its own part. A checkpoint written by another number of ranks has
+    each parameter group's
     restored ``lr`` multiplied by the number of ranks over that number, as
     ``scale_learning_rate`` scales it.
 
@@ -94,40 +138,57 @@ def restore_from_checkpoint(model: Any, optimizer: Any, run_id: str | None = Non
             or neither collective is initialised.
     """
     ranks = world.current()
-    start, factor, loaded = 0, 1.0, None
-    if ranks.rank == 0:
-        ref, uri = checkpoints.to_resume(run_id)
-        if ref is not None:
-            if not ref.artifact_path.endswith("/" + TORCH_FILE):
-                raise ConfigurationError(
-                    f"the latest checkpoint of run {ref.run_id} is {ref.artifact_path}, not a "
-                    f"PyTorch checkpoint ({TORCH_FILE}); resume it with the framework that "
-                    "wrote it"
-                )
-            import torch
+    with contextlib.ExitStack() as cleanup:
+        start, factor, loaded, files = 0, 1.0, None, ""
+        if ranks.rank == 0:
+            ref, uri = checkpoints.to_resume(run_id)
+            if ref is not None:
+                is_dir = ref.artifact_path.endswith("/" + TORCH_SHARDED_DIR)
+                if not is_dir and not ref.artifact_path.endswith("/" + TORCH_FILE):
+                    raise ConfigurationError(
+                        f"the latest checkpoint of run {ref.run_id} is {ref.artifact_path}, "
+                        f"not a PyTorch checkpoint ({TORCH_FILE} or {TORCH_SHARDED_DIR}); "
+                        "resume it with the framework that wrote it")
+                if is_dir and ranks.kind != "torch.distributed":
+                    raise ConfigurationError(
+                        f"the latest checkpoint of run {ref.run_id} is {ref.artifact_path}, "
+                        "a sharded one (torch.distributed.checkpoint): resume it in a job "
+                        "that calls dist.init_process_group(...), as the one that wrote it "
+                        "did, not under horovod.torch")
+                tmp = cleanup.enter_context(scratch.owned_dir("restore"))
+                local = checkpoints.download(ref, tmp, uri)
+                if is_dir:
+                    files = local
+                else:
+                    import torch
 
-            with scratch.owned_dir("restore") as tmp:
-                loaded = torch.load(checkpoints.download(ref, tmp, uri), map_location="cpu",
-                                    weights_only=True)
+                    loaded = torch.load(local, map_location="cpu", weights_only=True)
                 factor = checkpoints.lr_rescale(ref, tmp, ranks.size, uri)
-            if factor != 1.0:  # written by another number of ranks: the rate follows size
-                print(f"mlflow_hvd: the checkpoint of epoch {ref.epoch} was written by "
-                      f"{round(ranks.size / factor)} ranks; the learning rate it restored is "
-                      f"scaled by {factor:g} for {ranks.size}", file=sys.stderr)
-            start = ref.epoch + 1
-            tracking_api.set_tag("mlflow_hvd.resumed_from", f"{ref.run_id}@epoch_{ref.epoch}")
-    if ranks.size > 1:
-        start, factor = ranks.broadcast((start, factor))  # type: ignore[misc]
-    if start == 0:
-        return 0
-    if state.is_sharded(model):
-        state.load(model, optimizer, loaded)  # every rank: its shard, from rank 0's
-    elif ranks.kind == "torch.distributed" and ranks.size > 1:
-        state.load(model, optimizer, ranks.broadcast(loaded))  # type: ignore[arg-type]
-    elif ranks.rank == 0:  # Horovod: the user's broadcasts give the others rank 0's
-        state.load(model, optimizer, loaded)
-    else:
-        return int(start)
+                if factor != 1.0:  # written by another number of ranks: the rate follows
+                    print(f"mlflow_hvd: the checkpoint of epoch {ref.epoch} was written by "
+                          f"{round(ranks.size / factor)} ranks; the learning rate it "
+                          f"restored is scaled by {factor:g} for {ranks.size}",
+                          file=sys.stderr)
+                start = ref.epoch + 1
+                tracking_api.set_tag("mlflow_hvd.resumed_from",
+                                     f"{ref.run_id}@epoch_{ref.epoch}")
+        if ranks.size > 1:
+            start, factor, files = ranks.broadcast((start, factor, files))  # type: ignore[misc]
+        if start == 0:
+            return 0
+        if files:  # a sharded checkpoint: every rank reads its part of its files
+            if ranks.rank != 0:
+                files = cleanup.enter_context(scratch.owned_dir("restore"))
+            sharded_files.from_rank0(files)
+            sharded_files.read(model, optimizer, files)
+        elif state.is_sharded(model):
+            state.load(model, optimizer, loaded)  # every rank: its shard, from rank 0's
+        elif ranks.kind == "torch.distributed" and ranks.size > 1:
+            state.load(model, optimizer, ranks.broadcast(loaded))  # type: ignore[arg-type]
+        elif ranks.rank == 0:  # Horovod: the user's broadcasts give the others rank 0's
+            state.load(model, optimizer, loaded)
+        else:
+            return int(start)
     if factor != 1.0:
         for group in optimizer.param_groups:
             group["lr"] *= factor

@@ -26,7 +26,7 @@ from mlflow_hvd.protocol.checkpoint_layout import (
 from mlflow_hvd.rank.tracking import api as tracking_api
 
 __all__ = ["LATEST_TAG", "WORLD_SIZE", "CheckpointRef", "download", "latest", "lr_rescale",
-           "save", "save_with", "to_resume"]
+           "save", "save_files", "save_with", "to_resume"]
 
 
 def save(
@@ -60,6 +60,35 @@ def save_with(
     with scratch.owned_dir("ckpt") as tmp:
         local_model = os.path.join(tmp, file_name)
         write(local_model)
+        tracking_api.log_artifact(local_model, epoch_dir(epoch))
+    _commit(epoch, global_step, metrics, log_metrics, model_path(epoch, file_name))
+
+
+def save_files(
+    deliver: Callable[[Callable[[str], None]], object],
+    dir_name: str,
+    epoch: int,
+    global_step: int,
+    metrics: dict[str, float],
+    log_metrics: bool = False,
+) -> None:
+    """:func:`save` of a checkpoint made of several files, which arrive one at a time:
+    ``deliver(upload)`` calls ``upload(path)`` for each (the file is copied into the upload
+    queue at once: the caller may delete it then), and they go into the directory
+    ``dir_name`` of the checkpoint, which the latest tag then names. A no-op on other
+    ranks."""
+    if not tracking_api.is_logging_rank():
+        return
+    folder = f"{epoch_dir(epoch)}/{dir_name}"
+    deliver(lambda path: tracking_api.log_artifact(path, folder))
+    _commit(epoch, global_step, metrics, log_metrics, folder)
+
+
+def _commit(epoch: int, global_step: int, metrics: dict[str, float], log_metrics: bool,
+            latest: str) -> None:
+    """The checkpoint's metrics file, then the tag naming ``latest`` with the epoch's
+    metrics (if ``log_metrics``) in one write, after the checkpoint's files."""
+    with scratch.owned_dir("ckpt") as tmp:
         metrics_path = os.path.join(tmp, METRICS_FILE)
         with open(metrics_path, "w") as f:
             # the job's size: a resume on another number of ranks (an elastic job) rescales
@@ -67,10 +96,8 @@ def save_with(
             size = int(os.environ.get("HOROVOD_SIZE") or 0)
             json.dump({**metrics, "epoch": epoch, "global_step": global_step,
                        **({WORLD_SIZE: size} if size else {})}, f)
-        tracking_api.log_artifact(local_model, epoch_dir(epoch))
         tracking_api.log_artifact(metrics_path, epoch_dir(epoch))
-    tracking_api.commit(metrics if log_metrics else {}, epoch,
-                        {LATEST_TAG: model_path(epoch, file_name)})
+    tracking_api.commit(metrics if log_metrics else {}, epoch, {LATEST_TAG: latest})
 
 
 def latest(run_id: str, tracking_uri: str | None = None) -> CheckpointRef | None:
@@ -82,7 +109,8 @@ def latest(run_id: str, tracking_uri: str | None = None) -> CheckpointRef | None
 
 
 def download(ref: CheckpointRef, dst: str, tracking_uri: str | None = None) -> str:
-    """Download the checkpoint's model file into ``dst``; returns the local path.
+    """Download the checkpoint's model file (or directory) into ``dst``; returns the local
+    path.
 
     From the run's artifact repository itself: in a rank, ``MlflowClient``'s per-run cache
     of repositories holds the job's own (:mod:`.artifacts`)."""

@@ -24,6 +24,14 @@ the warm arm's ranks keep 2 while the other arms run on the other 2).
    resident memory from just before the model is built (the kernel's high-water mark reset
    there: ``/proc/self/clear_refs``) to the end of the steps; the larger rank's figure.
 
+4. **Checkpoints of that FSDP2 model**: ``mlflow_hvd.torch.save_checkpoint`` gathered (the
+   full state to rank 0, one ``checkpoint.pt``) vs ``sharded=True`` (each rank's part,
+   ``torch.distributed.checkpoint``, its files sent to rank 0 8 MiB at a time), into a job's
+   run; then a second job in the same run restores it. Each rank's peak resident memory
+   during the call (high-water mark reset just before; both arms' ranks with
+   ``MALLOC_MMAP_THRESHOLD_=1048576``, so that freed buffers go back and a peak is what the
+   call allocated), and the call's seconds.
+
 Arms alternate every round; prints min/median/max per arm and the ratios of medians.
 
     .venv/bin/python benchmarks/torch_distributor.py [--rounds 4] [--steps 150] [--part all]
@@ -152,27 +160,10 @@ def memory_peak(kind: str, layers: int, steps: int = 10) -> float:
         refs.write("5")  # the high-water mark (VmHWM) starts again from here
     base = _resident_mb("VmRSS")
 
-    def build() -> Any:
-        torch.manual_seed(0)
-        return torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(layers)],
-                                   torch.nn.Linear(2048, 10))
-
     if kind == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        with torch.device("meta"):
-            model = build()
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        for layer in model:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        model.to_empty(device="cpu")  # each rank allocates its shards only
-        with torch.no_grad():
-            for layer in model:
-                layer.reset_parameters()
+        model = _fsdp_model(layers)
     else:
-        model = torch.nn.parallel.DistributedDataParallel(build())
+        model = torch.nn.parallel.DistributedDataParallel(_model(layers))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     for _ in range(steps):
         optimizer.zero_grad()
@@ -183,6 +174,79 @@ def memory_peak(kind: str, layers: int, steps: int = 10) -> float:
     dist.barrier()
     dist.destroy_process_group()
     return float(peak)
+
+
+def _model(layers: int) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(layers)],
+                               torch.nn.Linear(2048, 10))
+
+
+def _fsdp_model(layers: int) -> Any:
+    """Part 3's model sharded with ``fully_shard`` per layer, built on the meta device and
+    materialised shard by shard, as a model too big for one rank is."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.device("meta"):
+        model = _model(layers)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")  # each rank allocates its shards only
+    with torch.no_grad():
+        for layer in model:
+            layer.reset_parameters()
+    return model
+
+
+def checkpoint_peak(action: str, layers: int, sharded: bool) -> dict[str, Any]:
+    """Rank body of part 4: part 3's FSDP2 model and Adam after one step; then
+    ``mlflow_hvd.torch.save_checkpoint`` (gathered, or ``sharded``) into the job's run, or
+    ``restore_from_checkpoint`` of the run's latest. Each rank's peak resident MB above
+    what it held just before (the high-water mark reset there), and the call's seconds."""
+    import torch
+    import torch.distributed as dist
+
+    from mlflow_hvd import torch as hvd_torch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    model = _fsdp_model(layers)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    torch.nn.functional.cross_entropy(model(torch.randn(64, 2048)),
+                                      torch.randint(0, 10, (64,))).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    # what either arm imports or starts once per process, before the measure: rank 0's
+    # upload queue and MLflow's artifact code, DCP's modules
+    import mlflow.store.artifact.artifact_repository_registry  # noqa: F401
+    import torch.distributed.checkpoint
+
+    from mlflow_hvd import tracking
+
+    tracking.log_dict({"warm": True}, "warm.json")
+    tracking.flush()
+    dist.barrier()
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    base = _resident_mb("VmRSS")
+    t0 = time.perf_counter()
+    if action == "save":
+        hvd_torch.save_checkpoint(model, optimizer, 0, 1, {"loss": 0.0}, sharded=sharded)
+    elif hvd_torch.restore_from_checkpoint(model, optimizer) != 1:
+        raise RuntimeError("the checkpoint of epoch 0 was not restored")
+    dist.barrier()
+    seconds = time.perf_counter() - t0
+    peaks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, _resident_mb("VmHWM") - base)
+    dist.destroy_process_group()
+    return {"peaks": peaks, "seconds": seconds}
 
 
 def summary(name: str, values: list[float], unit: str) -> str:
@@ -342,11 +406,70 @@ def memory(rounds: int, layers: int) -> None:
               f"{med[names['fsdp'] + label] / med[names['ddp'] + label]:.2f}")
 
 
+def checkpoints(rounds: int, layers: int) -> None:
+    import tempfile
+
+    import mlflow
+
+    from mlflow_hvd import HorovodRunner
+
+    folder = tempfile.mkdtemp(prefix="bench-checkpoints-")
+    mlflow.set_tracking_uri(f"sqlite:///{folder}/mlflow.db")
+    mlflow.set_experiment(mlflow.create_experiment(
+        "checkpoints", artifact_location=f"{folder}/artifacts"))
+
+    # both arms: large buffers from mmap, handed back when freed (as the PyTorch page
+    # advises for FSDP on CPUs), so that a peak is what the call allocated, not what glibc
+    # kept from the training step
+    os.environ[THRESHOLD] = "1048576"
+
+    def arm(sharded: bool) -> Callable[[], dict[str, Any]]:
+        def call() -> dict[str, Any]:
+            runner = HorovodRunner(np=-2)
+            saved = runner.run(checkpoint_peak, action="save", layers=layers, sharded=sharded)
+            os.environ["MLFLOW_RUN_ID"] = str(runner.last_run_id)  # the same run, resumed
+            try:
+                restored = HorovodRunner(np=-2).run(checkpoint_peak, action="restore",
+                                                    layers=layers, sharded=sharded)
+            finally:
+                os.environ.pop("MLFLOW_RUN_ID", None)  # MLflow may have taken it
+            return {"save": saved, "restore": restored}
+        return call
+
+    arms = {"gathered (checkpoint.pt)": arm(False), "sharded (checkpoint.dcp)": arm(True)}
+    try:
+        results = alternate(arms, rounds)
+    finally:
+        os.environ.pop(THRESHOLD, None)
+    state_mb = 3 * (layers * (2048 * 2048 + 2048) + 2048 * 10 + 10) * 4 / 1e6
+    print(f"checkpoints: part 3's FSDP2 model and Adam ({state_mb:.0f} MB of parameters and "
+          f"optimizer state), 2 local ranks ({THRESHOLD}=1048576), a SQLite store with local "
+          f"artifacts, {rounds} "
+          "rounds after a warm-up, arms rotated (each rank's peak resident MB above its "
+          "start; seconds of the call)")
+    med: dict[tuple[str, str, str], float] = {}
+    for action in ("save", "restore"):
+        for name, values in results.items():
+            for rank in (0, 1):
+                series = [v[action]["peaks"][rank] for v in values]
+                med[(action, name, f"rank {rank}")] = statistics.median(series)
+                print(summary(f"{action} {name} rank {rank}", series, "MB"))
+            series = [v[action]["seconds"] for v in values]
+            med[(action, name, "s")] = statistics.median(series)
+            print(summary(f"{action} {name}", series, "s"))
+    gathered, shard = arms
+    for action in ("save", "restore"):
+        for what in ("rank 0", "rank 1", "s"):
+            print(f"{action}, {what}: sharded / gathered (medians) = "
+                  f"{med[(action, shard, what)] / max(med[(action, gathered, what)], 1e-9):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--part", choices=("all", "launch", "throughput", "memory"),
+    parser.add_argument("--part", choices=("all", "launch", "throughput", "memory",
+                                           "checkpoints"),
                         default="all")
     parser.add_argument("--layers", type=int, default=8,
                         help="Linear(2048, 2048) layers of part 3's model (16.8 MB each)")
@@ -373,6 +496,8 @@ def main() -> None:
             throughput(spark, args.rounds, args.steps, args.arm)
         if args.part in ("all", "memory"):
             memory(args.rounds, args.layers)
+        if args.part in ("all", "checkpoints"):
+            checkpoints(args.rounds, args.layers)
     finally:
         spark.stop()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import threading
 import time
@@ -23,12 +24,14 @@ from mlflow_hvd.errors import (
     StartTimeoutError,
     WorkerFailedError,
 )
+from mlflow_hvd.protocol.feed import FeedFault
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
     EnvironmentMismatch,
     FeedFailed,
     FeedProgress,
+    JobEnded,
     LayoutReport,
     OutputLines,
     Sink,
@@ -333,6 +336,45 @@ def test_backend_finished_without_every_exit_report_does_not_hang() -> None:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class FromANewerVersion:
+    """A message of a kind this driver does not know."""
+
+    rank: int
+
+
+def test_a_message_the_driver_does_not_know_fails_the_job_naming_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A peer holding the job's secret but sending a kind of message this driver does not
+    know (another mlflow_hvd in the ranks): refused loudly, the job fails naming it (it was
+    dropped without a word)."""
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(WorkerStarted(0, "h"))
+        sink(FromANewerVersion(0))  # type: ignore[arg-type]
+        _until_stopped(sink, stop, 0)
+
+    with pytest.raises(BackendError) as info:
+        _run(script, np=1)
+    assert str(info.value) == (
+        "the fake backend cannot run this job: a rank or task sent a message this driver "
+        "does not know (FromANewerVersion): the executors run another version of mlflow_hvd than "
+        "the driver; install the driver's version there (or ship the environment: "
+        "ClusterConfig(ship_environment=True))")
+    assert "the driver refuses a message it does not know" in caplog.text
+
+
+def test_a_pooled_ranks_job_end_ends_the_job_but_is_no_exit() -> None:
+    """JobEnded (a pooled rank done with its job, its process up) counts as that rank's
+    end of the job."""
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(WorkerStarted(0, "h"))
+        sink(WorkerResult(0, cloudpickle.dumps("done")))
+        sink(JobEnded(0, "h", time.time()))
+
+    value, _, _ = _run(script, np=1)
+    assert value == "done"
+
+
 def test_tasks_that_disagree_on_the_layout_fail_the_job() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
         sink(LayoutReport(1, assign_slots(["h", "other"])))  # task 1 saw other hosts
@@ -526,7 +568,7 @@ def test_a_feed_failure_after_the_ranks_started_is_the_jobs_error() -> None:
         sink(WorkerStarted(0, "h"))
         sink(WorkerStarted(1, "h"))
         sink(FeedFailed("column 'y' of the DataFrame passed as data= has null values",
-                        "DataInputError"))
+                        FeedFault.DATA))
         sink(WorkerExited(1, "h", 75, time.time()))
         _until_stopped(sink, stop, 0)
 
@@ -537,7 +579,7 @@ def test_a_feed_failure_after_the_ranks_started_is_the_jobs_error() -> None:
 def test_a_feed_failure_is_the_jobs_error_and_stops_the_tasks() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
         sink(FeedFailed("task 1: column 'y' of the DataFrame passed as data= has null values",
-                        "DataInputError"))
+                        FeedFault.DATA))
         if not stop.wait(10):
             raise AssertionError("the driver never stopped the tasks")
 

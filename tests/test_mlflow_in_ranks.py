@@ -193,6 +193,17 @@ def test_autolog_a_job_enables_is_off_again_for_the_next_job_on_warm_ranks(store
         assert runner.run(workers.autolog_state, enable=False) is False
 
 
+@pytest.mark.slow
+def test_a_model_logged_after_mlflows_own_metrics_links_to_their_latest_step(
+        store: str, warm_ranks: Any) -> None:
+    """MLflow's own API and mlflow_hvd's functions write through one path on rank 0: a
+    model logged with mlflow_hvd after mlflow.log_metric(..., step=5) is linked to step 5
+    (it was linked to step 0: the step moved only with mlflow_hvd's own metrics)."""
+    warm_ranks.run(workers.model_after_mlflows_metrics)
+    run = mlflow.MlflowClient().get_run(str(warm_ranks.last_run_id))
+    assert [o.step for o in run.outputs.model_outputs] == [5]
+
+
 def test_a_training_function_that_points_mlflow_elsewhere_is_told_so(
     store: str, capfd: pytest.CaptureFixture[str],
 ) -> None:

@@ -21,6 +21,7 @@ from mlflow_hvd.protocol.feed import (
     TAG_COLUMN,
     Column,
     ColumnKind,
+    FeedFault,
     FeedSpec,
     FrameSpec,
     ShardArg,
@@ -187,7 +188,7 @@ def test_nulls_and_ragged_arrays_are_refused_naming_the_column(
     with pytest.raises(DataInputError, match=expected):
         write_partition(spec, [batch], str(tmp_path))
     report = feed_partition(spec, 3, [batch], str(tmp_path))
-    assert report.error_type == "DataInputError"
+    assert report.fault is FeedFault.DATA
     with pytest.raises(DataInputError, match=r"task 3: .*" + expected):
         agree(spec, [TaskFeed(0, ()), report])
 

@@ -384,3 +384,39 @@ def test_a_broken_delivery_thread_is_raised_by_the_next_flush(store: str, tmp_pa
     )):
         logger.flush(timeout=30)
     assert logger.state is DeliveryState.BROKEN
+
+
+def test_a_checkpoints_rank_count_is_read_or_its_failure_raised_never_guessed(
+        store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The factor a resumed optimizer's learning rate is rescaled by: from the checkpoint's
+    metrics file; 1.0, said on stderr, for a checkpoint that does not say; a metrics file
+    that cannot be read raises (it returned 1.0: the old size's rate restored silently)."""
+    from mlflow_hvd.protocol.checkpoint_layout import CheckpointRef
+    from mlflow_hvd.rank.tracking.checkpoints import lr_rescale
+
+    def checkpoint(metrics: str | None) -> CheckpointRef:
+        with mlflow.start_run() as run:
+            folder = tmp_path / run.info.run_id
+            folder.mkdir()
+            (folder / "checkpoint.pt").write_text("model")
+            mlflow.log_artifact(str(folder / "checkpoint.pt"), "checkpoints/epoch_0")
+            if metrics is not None:
+                (folder / "checkpoint_metrics.json").write_text(metrics)
+                mlflow.log_artifact(str(folder / "checkpoint_metrics.json"),
+                                    "checkpoints/epoch_0")
+        return CheckpointRef(run.info.run_id, 0, "checkpoints/epoch_0/checkpoint.pt")
+
+    dst = str(tmp_path / "dst")
+    os.makedirs(dst)
+    assert lr_rescale(checkpoint('{"world_size": 4, "epoch": 0}'), dst, 2, store) == 0.5
+    assert "does not say" not in capsys.readouterr().err
+    for unsaid in (None, '{"loss": 1.0, "epoch": 0}'):
+        assert lr_rescale(checkpoint(unsaid), dst, 2, store) == 1.0
+        assert ("the checkpoint of epoch 0 does not say how many ranks wrote it: its learning "
+                "rate is restored as it was saved") in capsys.readouterr().err
+    broken = checkpoint("{not json")
+    with pytest.raises(TrackingError, match=(
+            r"^could not read checkpoints/epoch_0/checkpoint_metrics.json of run "
+            rf"{broken.run_id}, which says how many ranks wrote the checkpoint \(to rescale "
+            r"its learning rate for 2\): JSONDecodeError")):
+        lr_rescale(broken, dst, 2, store)

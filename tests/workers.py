@@ -184,6 +184,19 @@ def nccl_on_cpu() -> None:
     dist.init_process_group("nccl")
 
 
+def model_after_mlflows_metrics() -> None:
+    """Epoch metrics through MLflow's own API, then a model through mlflow_hvd's log_model:
+    the model links to the latest step either API logged."""
+    import mlflow
+    import torch
+
+    from mlflow_hvd import torch as hvd_torch
+
+    mlflow.log_metric("loss", 0.5, step=5)
+    mlflow.log_metrics({"accuracy": 0.9}, step=3)
+    hvd_torch.log_model(torch.nn.Linear(2, 1), name="model")
+
+
 def sharded_files_moved(chunk: int = 1000) -> dict[str, Any]:
     """mlflow_hvd.torch.sharded's file transfers on a Gloo group, ``chunk`` bytes a message:
     every rank's files to rank 0 (an empty file, files ending on a chunk boundary and past

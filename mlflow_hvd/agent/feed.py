@@ -23,6 +23,7 @@ from mlflow_hvd.protocol.feed import (
     TAG_COLUMN,
     Agreed,
     ColumnKind,
+    FeedFault,
     FeedSpec,
     FrameSpec,
     ShardFile,
@@ -143,7 +144,7 @@ class TaskFeed:
     partition: int
     written: tuple[Written, ...] = ()
     error: str = ""
-    error_type: str = ""  # "DataInputError" or "FeedError"
+    fault: FeedFault | None = None  # with an error: the data's or the host's
 
 
 def agree(spec: FeedSpec, reports: Sequence[TaskFeed]) -> tuple[Agreed, ...]:
@@ -159,8 +160,7 @@ def agree(spec: FeedSpec, reports: Sequence[TaskFeed]) -> tuple[Agreed, ...]:
     failed = [r for r in reports if r.error]
     if failed:
         first = failed[0]
-        kind = FeedError if first.error_type == FeedError.__name__ else DataInputError
-        raise kind(f"task {first.partition}: {first.error}")
+        raise (first.fault or FeedFault.DATA).error(f"task {first.partition}: {first.error}")
     agreed = []
     for index, frame in enumerate(spec.frames):
         counts = tuple(r.written[index].rows for r in reports)
@@ -211,4 +211,4 @@ def feed_partition(spec: FeedSpec, partition: int, batches: Iterable[Any],
     try:
         return TaskFeed(partition, tuple(write_partition(spec, batches, directory)))
     except (DataInputError, FeedError) as exc:
-        return TaskFeed(partition, error=str(exc), error_type=type(exc).__name__)
+        return TaskFeed(partition, error=str(exc), fault=FeedFault.of(exc))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from mlflow_hvd.agent.output import EOF, pump, send_batches
 from mlflow_hvd.common.procs import signal_group, terminate_group
-from mlflow_hvd.protocol.messages import Bootstrap, Sink, Stream, WorkerExited
+from mlflow_hvd.protocol.messages import Bootstrap, JobEnded, Sink, Stream, WorkerExited
 
 STOP_POLL = 0.05  # seconds between checks of the stop request while the worker runs
 KILL_WAIT = 5.0  # seconds for a SIGKILLed group to be gone
@@ -147,8 +147,8 @@ def _start_output_threads(
         )
         for stream, kind in ((proc.stdout, Stream.STDOUT), (proc.stderr, Stream.STDERR))
     ]
-    def job_end() -> WorkerExited:  # a pooled worker finished one job (and stays up)
-        return WorkerExited(launch.rank, launch.host, 0, time.time(), job_end=True)
+    def job_end() -> JobEnded:  # a pooled worker finished one job (and stays up)
+        return JobEnded(launch.rank, launch.host, time.time())
 
     threads.append(
         threading.Thread(

@@ -19,7 +19,13 @@ from typing import Any
 from mlflow_hvd.agent.feed import TaskFeed, agree, feed_partition, manifest
 from mlflow_hvd.common import scratch
 from mlflow_hvd.errors import DataInputError, FeedError
-from mlflow_hvd.protocol.feed import FEED_FAILED_FILE, MANIFEST_FILE, FeedSpec, Written
+from mlflow_hvd.protocol.feed import (
+    FEED_FAILED_FILE,
+    MANIFEST_FILE,
+    FeedFault,
+    FeedSpec,
+    Written,
+)
 from mlflow_hvd.protocol.messages import FeedAgreed, FeedFailed, FeedProgress
 
 log = logging.getLogger(__name__)
@@ -60,7 +66,8 @@ def _decode(text: str) -> TaskFeed:
                 w["bytes"])
         for w in item.pop("written")
     )
-    return TaskFeed(written=written, **item)
+    fault = item.pop("fault")
+    return TaskFeed(written=written, fault=FeedFault(fault) if fault else None, **item)
 
 
 class TaskFeeding:
@@ -96,7 +103,7 @@ class TaskFeeding:
         except (DataInputError, FeedError) as exc:
             # every task says so before its rank can exit: the driver ends the job with
             # this error, not with a rank's exit
-            self.send(FeedFailed(str(exc), type(exc).__name__))
+            self.send(FeedFailed(str(exc), FeedFault.of(exc)))
             log.info("task %d: the feed failed: %s", partition, exc)
             with open(os.path.join(self.directory, FEED_FAILED_FILE), "w") as f:
                 f.write(f"{type(exc).__name__}: {exc}")

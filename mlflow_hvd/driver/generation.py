@@ -21,6 +21,7 @@ from mlflow_hvd.backends.base import Backend, JobSpec
 from mlflow_hvd.common import logs
 from mlflow_hvd.common.deadline import Deadline
 from mlflow_hvd.driver.channel_server import ChannelServer, ChannelStats
+from mlflow_hvd.driver.events import LoopEvent
 from mlflow_hvd.driver.job import Job
 from mlflow_hvd.driver.limits import ensure_open_files
 from mlflow_hvd.driver.rendezvous import ElasticRefused, Rendezvous, RendezvousStats
@@ -40,10 +41,10 @@ from mlflow_hvd.protocol.messages import (
     AwaitJob,
     EpochReport,
     FeedAgreed,
+    JobEnded,
     NextJob,
     RankDisconnected,
     Retire,
-    TorchStoreWanted,
     TrackingWrite,
     WorkerError,
     WorkerExited,
@@ -109,7 +110,7 @@ class Generation:
         self.np, self.backend, self.driver_host = np, backend, driver_host
         self.warm, self.number = warm, number
         self.name = f"generation {number}"  # a cold one is named for its job at launch
-        self.events: queue.Queue[object] = queue.Queue()
+        self.events: queue.Queue[LoopEvent] = queue.Queue()
         self.tasks = TaskGate()  # the generation's Spark tasks
         self.secret = secrets.token_bytes(32)
         self.state = GenerationState.SERVING
@@ -121,9 +122,10 @@ class Generation:
         ensure_open_files(np)
         self.rendezvous = Rendezvous(np, driver_host,
                                      on_elastic=lambda: self.events.put(ElasticRefused()))
-        route = message_router(self.events, self.rendezvous, self._undelivered, self.tasks,
-                               self._fed)
-        self._route = self._noting_idle_exits(self._serving_torch(route))
+        self._route = message_router(
+            self.events, self.rendezvous, self._undelivered, self.tasks, self._fed,
+            on_torch_store=self._serve_torch, on_job_end=self._job_ended,
+            on_exit=self._exited)
         self._torch: TorchStore | None = None  # the current job's torch.distributed store
         answer = request_router(
             self._tracking, layout_answer(self.tasks, self.rendezvous, self.events),
@@ -255,46 +257,30 @@ class Generation:
         self._torch = TorchStore(self.driver_host)
         return self._torch.port
 
-    def _serving_torch(self, route: Callable[[object], None]) -> Callable[[object], None]:
-        """``route``, but a rank's word that it imported torch.distributed starts the
-        current job's store instead."""
+    def _serve_torch(self) -> None:
+        """A rank imported torch.distributed: the current job's store starts serving."""
+        store = self._torch
+        if store is not None:
+            store.serve()
 
-        def on_message(message: object) -> None:
-            if isinstance(message, TorchStoreWanted):
-                store = self._torch
-                if store is not None:
-                    store.serve()
-                return
-            route(message)
+    def _job_ended(self, message: JobEnded) -> None:
+        """A pooled rank's job ended: it waits, or is about to wait, for the next job."""
+        self._idle.add(message.rank)
 
-        return on_message
-
-    def _noting_idle_exits(self, route: Callable[[object], None]) -> Callable[[object], None]:
-        """``route``, and a log line when a rank whose job ended (it waits, or is about to
-        wait, for the next job) ends itself (the next ``hand_out`` then refuses this
-        generation). A pooled worker's report that its job ended is not such an end (its
-        rank may ask for the next job before that report arrives), nor is a rank's exit once
-        the generation retires its ranks."""
-
-        def on_message(message: object) -> None:
-            if not isinstance(message, WorkerExited):
-                pass
-            elif message.job_end:
-                self._idle.add(message.rank)
-            elif self.state is GenerationState.SERVING and (
-                    message.rank in self._waiting or message.rank in self._idle):
-                log.info("%s: rank %d on %s ended between jobs (exit %d); the next job "
-                         "starts new ranks", self.name, message.rank, message.host,
-                         message.exit_code)
-            route(message)
-
-        return on_message
+    def _exited(self, message: WorkerExited) -> None:
+        """A log line when a rank whose job ended ends itself (the next ``hand_out`` then
+        refuses this generation); not once the generation retires its ranks."""
+        if self.state is GenerationState.SERVING and (
+                message.rank in self._waiting or message.rank in self._idle):
+            log.info("%s: rank %d on %s ended between jobs (exit %d); the next job "
+                     "starts new ranks", self.name, message.rank, message.host,
+                     message.exit_code)
 
     def _gone_between_jobs(self) -> str:
         """A description of ranks that ended while idle (their exit reports queued)."""
         found: dict[int, str] = {}  # rank -> what is known of its end (its exit, if seen)
         for message in list(self.events.queue):
-            if isinstance(message, WorkerExited) and not message.job_end:
+            if isinstance(message, WorkerExited):
                 found[message.rank] = (f"rank {message.rank} on {message.host} "
                                        f"(exit {message.exit_code})")
             elif isinstance(message, RankDisconnected | WorkerError):

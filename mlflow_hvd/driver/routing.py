@@ -7,24 +7,37 @@ import logging
 import queue
 from collections.abc import Callable
 
+from mlflow_hvd.driver.events import LoopEvent, UnknownMessage
 from mlflow_hvd.driver.rendezvous import Rendezvous
 from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.protocol.credentials import Credentials, seal
 from mlflow_hvd.protocol.messages import (
     AskCredentials,
     AwaitJob,
+    BackendFinished,
+    EnvironmentMismatch,
     EpochReport,
     FeedAgreed,
+    FeedFailed,
+    FeedProgress,
+    JobEnded,
     Launch,
     LayoutReport,
     NoCredentials,
     NotJudged,
+    OutputLines,
+    RankDisconnected,
     StartNoWorker,
     TaskDisconnected,
+    TorchStoreWanted,
     TrackingWrite,
     TrackingWritten,
     Unanswered,
     UndeliveredTracking,
+    WorkerError,
+    WorkerExited,
+    WorkerResult,
+    WorkerStarted,
 )
 
 log = logging.getLogger(__name__)
@@ -36,38 +49,59 @@ UndeliveredHandler = Callable[[UndeliveredTracking], None]
 
 
 def message_router(
-    events: queue.Queue[object],
+    events: queue.Queue[LoopEvent],
     rendezvous: Rendezvous,
     on_undelivered: Callable[[], UndeliveredHandler | None],
     tasks: TaskGate,
     on_fed: Callable[[FeedAgreed], None] = lambda _: None,
+    on_torch_store: Callable[[], None] = lambda: None,
+    on_job_end: Callable[[JobEnded], None] = lambda _: None,
+    on_exit: Callable[[WorkerExited], None] = lambda _: None,
 ) -> Callable[[object], None]:
-    """Where each incoming message goes: a layout the local backend sinks to the
-    rendezvous (a mismatch, and everything else but undelivered tracking, to the driver
-    loop's queue); a Spark task's departure also to ``tasks``; undelivered tracking to the
-    current job's handler (``on_undelivered()``); how the job's DataFrames were split to
-    ``on_fed``."""
+    """The one dispatch of what peers send and the channel and backends note (not requests:
+    :func:`request_router`): a layout the local backend sinks to the rendezvous; a Spark
+    task's departure to ``tasks``; how the job's DataFrames were split to ``on_fed``;
+    undelivered tracking to the current job's handler (``on_undelivered()``); a rank's
+    word that it imported torch.distributed to ``on_torch_store``; a pooled rank's job end
+    to ``on_job_end`` and a rank's exit to ``on_exit``. What the driver loop needs goes to
+    ``events``; a kind of message this driver does not know goes there as
+    :class:`UnknownMessage` (the job fails, naming it)."""
 
     def on_message(message: object) -> None:
-        if isinstance(message, LayoutReport):
-            mismatch = rendezvous.on_layout(message)
-            if mismatch is not None:
-                events.put(mismatch)
-        elif isinstance(message, TaskDisconnected):
-            tasks.left(message.partition)
-            events.put(message)  # wakes the driver loop
-        elif isinstance(message, FeedAgreed):
-            on_fed(message)
-        elif isinstance(message, UndeliveredTracking):
-            handler = on_undelivered()
-            if handler is None:
-                log.warning("mlflow_hvd: %d tracking records rank 0 could not deliver "
-                            "arrived with no job to keep them; they are lost",
-                            len(message.records))
-            else:
-                handler(message)
-        else:
-            events.put(message)
+        match message:
+            case LayoutReport():
+                mismatch = rendezvous.on_layout(message)
+                if mismatch is not None:
+                    events.put(mismatch)
+            case TaskDisconnected():
+                tasks.left(message.partition)
+                events.put(message)  # wakes the driver loop
+            case FeedAgreed():
+                on_fed(message)
+            case UndeliveredTracking():
+                handler = on_undelivered()
+                if handler is None:
+                    log.warning("mlflow_hvd: %d tracking records rank 0 could not deliver "
+                                "arrived with no job to keep them; they are lost",
+                                len(message.records))
+                else:
+                    handler(message)
+            case TorchStoreWanted():
+                on_torch_store()
+            case JobEnded():
+                on_job_end(message)
+                events.put(message)
+            case WorkerExited():
+                on_exit(message)
+                events.put(message)
+            case (WorkerStarted() | OutputLines() | WorkerResult() | WorkerError()
+                  | BackendFinished() | FeedProgress() | FeedFailed() | EnvironmentMismatch()
+                  | RankDisconnected()):
+                events.put(message)
+            case _:
+                log.error("mlflow_hvd: the driver refuses a message it does not know: %s",
+                          type(message).__qualname__)
+                events.put(UnknownMessage(type(message).__qualname__))
 
     return on_message
 
@@ -124,7 +158,7 @@ def credentials_answer(
 
 
 def layout_answer(
-    tasks: TaskGate, rendezvous: Rendezvous, events: queue.Queue[object]
+    tasks: TaskGate, rendezvous: Rendezvous, events: queue.Queue[LoopEvent]
 ) -> Callable[[LayoutReport], object]:
     """The answer to a Spark task's layout: :class:`Launch` once the task is counted and
     the rendezvous initialised (a mismatch goes to the driver loop), :class:`StartNoWorker`

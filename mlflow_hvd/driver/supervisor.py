@@ -16,16 +16,15 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import TextIO, assert_never
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.common.config import ClusterConfig, JobConfig
+from mlflow_hvd.driver.events import LoopEvent, UnknownMessage
 from mlflow_hvd.driver.rendezvous import ElasticRefused, LayoutMismatch
 from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import (
     BackendError,
-    DataInputError,
-    FeedError,
     JobStopped,
     MlflowHvdError,
     RankFailure,
@@ -40,9 +39,11 @@ from mlflow_hvd.protocol.messages import (
     EnvironmentMismatch,
     FeedFailed,
     FeedProgress,
+    JobEnded,
     OutputLines,
     RankDisconnected,
     Stream,
+    TaskDisconnected,
     WorkerError,
     WorkerExited,
     WorkerResult,
@@ -269,7 +270,7 @@ class RestartPlanned(Exception):
 
 def supervise(
     job: JobRecord,
-    events: queue.Queue[object],
+    events: queue.Queue[LoopEvent],
     backend: Backend,
     settings: DriverSettings,
     out: TextIO,
@@ -295,7 +296,7 @@ def supervise(
 
 def watch(
     job: JobRecord,
-    events: queue.Queue[object],
+    events: queue.Queue[LoopEvent],
     backend: Backend,
     settings: DriverSettings,
     out: TextIO,
@@ -332,7 +333,7 @@ def watch(
             # over (a lost host never closes its connections): no more reports come.
             break
         try:
-            message: object = events.get(timeout=0.1)
+            message: LoopEvent | None = events.get(timeout=0.1)
         except queue.Empty:
             message = None
         if message is not None:
@@ -423,51 +424,66 @@ def _outcome(job: JobRecord) -> Outcome:
     return Outcome(value=job.result.payload)
 
 
-def handle(message: object, job: JobRecord, settings: DriverSettings, out: TextIO) -> None:
-    """Record one message; print output lines the verbosity asks for."""
-    if isinstance(message, OutputLines):
-        tail = job.tails[message.rank]
-        show = message.stream is Stream.LOG or settings.verbosity is Verbosity.ALL
-        for line in message.lines:
-            text = f"{settings.log_prefix}[{message.rank}]<{message.stream.value}>: {line}"
-            tail.append(text)
+def handle(message: LoopEvent, job: JobRecord, settings: DriverSettings, out: TextIO) -> None:
+    """Record one event of the job; print output lines the verbosity asks for. Every kind
+    of :data:`~mlflow_hvd.driver.events.LoopEvent` has its case (checked by the type
+    checker: ``assert_never``)."""
+    match message:
+        case OutputLines():
+            tail = job.tails[message.rank]
+            show = message.stream is Stream.LOG or settings.verbosity is Verbosity.ALL
+            for line in message.lines:
+                text = f"{settings.log_prefix}[{message.rank}]<{message.stream.value}>: {line}"
+                tail.append(text)
+                if show:
+                    out.write(text + "\n")
             if show:
-                out.write(text + "\n")
-        if show:
-            out.flush()
-    elif isinstance(message, WorkerStarted):
-        job.started[message.rank] = message.host
-        job.arrived_at = time.monotonic()
-        log.info("job %s: rank %d started on %s (%d of %d, %.1fs)", job.job_id, message.rank,
-                 message.host, len(job.started), job.np, time.monotonic() - job.t0)
-    elif isinstance(message, WorkerResult):
-        job.result = message
-    elif isinstance(message, WorkerError):
-        job.errors.setdefault(message.rank, message)
-    elif isinstance(message, WorkerExited):
-        job.exited[message.rank] = message
-        log.info("job %s: rank %d on %s exited with %d%s (%d of %d, %.1fs)", job.job_id,
-                 message.rank, message.host, message.exit_code,
-                 " (stopped)" if message.stopped else "", len(job.exited), job.np,
-                 time.monotonic() - job.t0)
-    elif isinstance(message, BackendFinished):
-        job.backend_finished, job.backend_finished_at = message, time.monotonic()
-    elif isinstance(message, RankDisconnected):
-        job.disconnected.add(message.rank)
-    elif isinstance(message, LayoutMismatch):
-        job.fault = job.fault or message.detail
-    elif isinstance(message, FeedProgress):
-        job.fed_at = time.monotonic()
-        (job.feeding.discard if message.done else job.feeding.add)(message.partition)
-        if message.done:
-            log.info("job %s: task %d wrote its %d rows (%.1f MiB in Arrow) in %.1fs",
-                     job.job_id, message.partition, message.rows, message.bytes / 2**20,
-                     job.fed_at - job.t0)
-    elif isinstance(message, ElasticRefused) and job.setup_error is None:
-        job.setup_error = message.error()
-    elif isinstance(message, FeedFailed) and job.setup_error is None:
-        kind = FeedError if message.error_type == FeedError.__name__ else DataInputError
-        job.setup_error = kind(message.error)
-    elif isinstance(message, EnvironmentMismatch) and job.setup_error is None:
-        job.setup_error = unfit_environment(
-            f"{message.host} (task {message.partition})", message.differences)
+                out.flush()
+        case WorkerStarted():
+            job.started[message.rank] = message.host
+            job.arrived_at = time.monotonic()
+            log.info("job %s: rank %d started on %s (%d of %d, %.1fs)", job.job_id,
+                     message.rank, message.host, len(job.started), job.np,
+                     time.monotonic() - job.t0)
+        case WorkerResult():
+            job.result = message
+        case WorkerError():
+            job.errors.setdefault(message.rank, message)
+        case WorkerExited():
+            job.exited[message.rank] = message
+            log.info("job %s: rank %d on %s exited with %d%s (%d of %d, %.1fs)", job.job_id,
+                     message.rank, message.host, message.exit_code,
+                     " (stopped)" if message.stopped else "", len(job.exited), job.np,
+                     time.monotonic() - job.t0)
+        case JobEnded():  # a pooled rank is done with the job (its process stays up)
+            job.exited[message.rank] = WorkerExited(message.rank, message.host, 0,
+                                                    message.timestamp)
+            log.info("job %s: rank %d on %s finished the job and waits for the next (%d of "
+                     "%d, %.1fs)", job.job_id, message.rank, message.host, len(job.exited),
+                     job.np, time.monotonic() - job.t0)
+        case BackendFinished():
+            job.backend_finished, job.backend_finished_at = message, time.monotonic()
+        case RankDisconnected():
+            job.disconnected.add(message.rank)
+        case TaskDisconnected():
+            pass  # the task gate counted it (routing); it only wakes the loop
+        case LayoutMismatch():
+            job.fault = job.fault or message.detail
+        case UnknownMessage():
+            job.fault = job.fault or message.detail()
+        case FeedProgress():
+            job.fed_at = time.monotonic()
+            (job.feeding.discard if message.done else job.feeding.add)(message.partition)
+            if message.done:
+                log.info("job %s: task %d wrote its %d rows (%.1f MiB in Arrow) in %.1fs",
+                         job.job_id, message.partition, message.rows,
+                         message.bytes / 2**20, job.fed_at - job.t0)
+        case ElasticRefused():
+            job.setup_error = job.setup_error or message.error()
+        case FeedFailed():
+            job.setup_error = job.setup_error or message.fault.error(message.error)
+        case EnvironmentMismatch():
+            job.setup_error = job.setup_error or unfit_environment(
+                f"{message.host} (task {message.partition})", message.differences)
+        case _:
+            assert_never(message)

@@ -10,9 +10,28 @@ import enum
 import json
 from dataclasses import asdict, dataclass
 
+from mlflow_hvd.errors import DataInputError, FeedError
+
 TAG_COLUMN = "__mlflow_hvd_argument"  # which argument a row of a fed DataFrame belongs to
 MANIFEST_FILE = "shards.json"
 FEED_FAILED_FILE = "shards.failed"  # beside the manifest, when the feed failed instead
+
+
+class FeedFault(str, enum.Enum):
+    """Why a job's DataFrames cannot be fed, as it crosses processes (a task's report, its
+    message to the driver): the data (:class:`DataInputError`, the user's to fix) or a host
+    (:class:`FeedError`: a full disk)."""
+
+    DATA = "data"
+    HOST = "host"
+
+    @classmethod
+    def of(cls, exc: DataInputError | FeedError) -> FeedFault:
+        return cls.HOST if isinstance(exc, FeedError) else cls.DATA
+
+    def error(self, text: str) -> DataInputError | FeedError:
+        """The error this fault raises on the side that receives it."""
+        return FeedError(text) if self is FeedFault.HOST else DataInputError(text)
 
 
 class ColumnKind(enum.Enum):

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from mlflow_hvd.protocol.feed import Agreed
+from mlflow_hvd.protocol.feed import Agreed, FeedFault
 from mlflow_hvd.protocol.records import Record
 
 
@@ -217,7 +217,16 @@ class WorkerExited(FromRank):
     exit_code: int
     timestamp: float
     stopped: bool = False  # True when the agent ended it because it was asked to stop
-    job_end: bool = False  # a pooled worker finished its job and stays up (not an exit)
+
+
+@dataclass(frozen=True)
+class JobEnded(FromRank):
+    """A pooled worker of ``rank`` finished its job and stays up for the next one (not an
+    exit: its process lives on); every line it printed during the job was forwarded
+    before this."""
+
+    host: str
+    timestamp: float
 
 
 @dataclass(frozen=True)
@@ -372,11 +381,11 @@ class FeedAgreed:
 @dataclass(frozen=True)
 class FeedFailed:
     """Spark task 0 -> driver: the job's DataFrames cannot be fed (the same verdict on every
-    task after their exchange); no rank starts. ``error_type`` is ``DataInputError`` (the
-    data: the driver raises it as is) or ``FeedError`` (the host: a full disk)."""
+    task after their exchange); no rank starts. ``fault`` says which error the driver
+    raises: the data's (as is) or a host's (a full disk)."""
 
     error: str
-    error_type: str
+    fault: FeedFault
 
 
 @dataclass(frozen=True)
@@ -397,6 +406,7 @@ Message = (
     | WorkerResult
     | WorkerError
     | WorkerExited
+    | JobEnded
     | BackendFinished
     | FeedProgress
     | FeedAgreed

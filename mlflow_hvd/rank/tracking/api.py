@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -30,7 +31,7 @@ from mlflow_hvd.common.tracking_server import (
 )
 from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.messages import TrackingTarget, UndeliveredTracking
-from mlflow_hvd.rank.tracking import pruning
+from mlflow_hvd.rank.tracking import pruning, writes
 from mlflow_hvd.rank.tracking.session import SESSION, RankLogger
 
 
@@ -105,10 +106,8 @@ def log_params(params: Mapping[str, Any], keep_existing: bool = False) -> None:
     logger = _require()
     if logger is None:
         return
-    for key, value in params.items():
-        text = str(value)
-        if logger.check_param(key, text, keep_existing):
-            logger.put(rec.Param(key, text))
+    for record in writes.params(logger, params, keep_existing):
+        logger.put(record)
 
 
 def log_metric(key: str, value: float, step: int | None = None) -> None:
@@ -123,10 +122,10 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     if logger is None:
         return
     ts = int(time.time() * 1000)
-    logger.last_step = max(logger.last_step, int(step or 0))
-    for key, value in metrics.items():
-        logger.put(rec.Metric(key, value, ts, int(step or 0)))
-    pruning.observe(metrics, step)  # a sweep that prunes: the driver hears the epoch's value
+    records = [rec.Metric(key, value, ts, int(step or 0)) for key, value in metrics.items()]
+    for record in records:
+        logger.put(record)
+    writes.metrics_logged(logger, records, report=step is not None)
 
 
 def log_batch_metrics(metrics: Mapping[str, float], step: int) -> None:
@@ -136,8 +135,10 @@ def log_batch_metrics(metrics: Mapping[str, float], step: int) -> None:
     if logger is None:
         return
     ts = int(time.time() * 1000)
-    for key, value in metrics.items():
-        logger.put(rec.Metric(key, value, ts, int(step)))
+    records = [rec.Metric(key, value, ts, int(step)) for key, value in metrics.items()]
+    for record in records:
+        logger.put(record)
+    writes.metrics_logged(logger, records, per_batch=True)
 
 
 def set_tag(key: str, value: Any) -> None:
@@ -256,18 +257,22 @@ def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any]) -> 
     if logger is None:
         return
     ts = int(time.time() * 1000)
-    logger.last_step = max(logger.last_step, int(step))
-    logger.put(rec.Commit(
+    commit = rec.Commit(
         tuple(rec.Metric(k, float(v), ts, int(step)) for k, v in metrics.items()),
         tuple(rec.Tag(k, str(v)) for k, v in tags.items()),
-    ))
-    pruning.observe(metrics, step)
+    )
+    logger.put(commit)
+    logger.last_step = max(logger.last_step, int(step))  # a checkpoint without metrics too
+    writes.metrics_logged(logger, commit.metrics)
 
 
 def max_logged_step(prefix: str) -> int:
     """Rank 0: the highest step the run already has for metrics named ``prefix*`` (-1 if
-    none, or if the server cannot say), so that a restarted attempt does not log a step
-    twice. -1 on other ranks."""
+    none), so that a restarted attempt does not log a step twice. -1 on other ranks.
+
+    During a tracking-server outage the server cannot say: -1 then, and rank 0 says on
+    stderr that steps logged before may be logged again (training goes on, as through any
+    outage)."""
     logger = _require()
     if logger is None:
         return -1
@@ -278,6 +283,10 @@ def max_logged_step(prefix: str) -> int:
     except Exception as exc:
         if not is_outage(exc):
             raise
+        print(f"mlflow_hvd: the tracking server cannot say which steps of the run's "
+              f"{prefix}* metrics are logged ({type(exc).__name__}: {exc}): this attempt "
+              "logs them from its first step, and a step logged before may be logged again",
+              file=sys.stderr)
         return -1
     return max(steps, default=-1)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -129,20 +130,42 @@ def lr_rescale(ref: CheckpointRef, dst: str, size: int,
                tracking_uri: str | None = None) -> float:
     """The factor that turns the learning rate restored with ``ref``'s optimizer state
     into this job's: ``size`` over the number of ranks that wrote it (1.0 when they were as
-    many, or the checkpoint does not say). Learning rates scaled by the number of workers
-    (``scale_learning_rate``, Horovod's step 4) follow a resized elastic job so."""
+    many). Learning rates scaled by the number of workers (``scale_learning_rate``,
+    Horovod's step 4) follow a resized elastic job so.
+
+    A checkpoint that does not say how many ranks wrote it (no metrics file, or one without
+    the count: written by MLflow's own autolog, or by hand) restores its rate as saved,
+    and rank 0 says so on stderr.
+
+    Raises:
+        TrackingError: The metrics file is there but could not be read (the server failed
+            while restoring): restoring the old size's rate instead would change training
+            silently.
+    """
     from mlflow import MlflowClient
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
+    from mlflow_hvd.errors import TrackingError
+
     root = MlflowClient(tracking_uri=tracking_uri).get_run(ref.run_id).info.artifact_uri
     repo = get_artifact_repository(root, tracking_uri=tracking_uri)
+    folder = epoch_dir(ref.epoch)
+    path = f"{folder}/{METRICS_FILE}"
+    saved = 0
     try:
-        path = repo.download_artifacts(f"{epoch_dir(ref.epoch)}/{METRICS_FILE}", dst)
-        with open(path) as f:
-            saved = int(json.load(f).get(WORLD_SIZE) or 0)
-    except Exception:  # an older checkpoint, or no metrics file: the rate as restored
+        if any(f.path == path for f in repo.list_artifacts(folder)):
+            with open(repo.download_artifacts(path, dst)) as f:
+                saved = int(json.load(f).get(WORLD_SIZE) or 0)
+    except Exception as exc:
+        raise TrackingError(
+            f"could not read {path} of run {ref.run_id}, which says how many ranks wrote the "
+            f"checkpoint (to rescale its learning rate for {size}): {type(exc).__name__}: "
+            f"{exc}") from exc
+    if not saved:
+        print(f"mlflow_hvd: the checkpoint of epoch {ref.epoch} does not say how many ranks "
+              "wrote it: its learning rate is restored as it was saved", file=sys.stderr)
         return 1.0
-    return size / saved if saved else 1.0
+    return size / saved
 
 
 def to_resume(run_id: str | None = None) -> tuple[CheckpointRef | None, str | None]:

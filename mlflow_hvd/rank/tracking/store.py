@@ -45,7 +45,7 @@ from mlflow.store.tracking.abstract_store import AbstractStore
 from mlflow_hvd.common.tracking_server import is_outage
 from mlflow_hvd.errors import ConfigurationError, TrackingError
 from mlflow_hvd.protocol import records as rec
-from mlflow_hvd.rank.tracking import pruning
+from mlflow_hvd.rank.tracking import writes
 from mlflow_hvd.rank.tracking.job_run import JobRun, model_root
 from mlflow_hvd.rank.tracking.session import SESSION, RankLogger
 
@@ -187,20 +187,19 @@ class JobStore(AbstractStore):
     # --- writes to the job's run ----------------------------------------------------------
     def log_batch(self, run_id: str, metrics: Any, params: Any, tags: Any) -> None:
         job = self._own(run_id, "logging")
-        records: list[rec.Record] = []
         logger = SESSION.logger()
-        for p in params or ():
-            if logger is None or logger.check_param(p.key, str(p.value)):
-                records.append(rec.Param(p.key, str(p.value)))
-        records += [rec.Metric(m.key, m.value, int(m.timestamp), int(m.step or 0), m.model_id,
-                               m.dataset_name, m.dataset_digest) for m in metrics or ()]
+        given = {p.key: p.value for p in params or ()}
+        records: list[rec.Record] = []
+        records += (writes.params(logger, given) if logger is not None
+                    else [rec.Param(k, str(v)) for k, v in given.items()])
+        logged = [rec.Metric(m.key, m.value, int(m.timestamp), int(m.step or 0), m.model_id,
+                             m.dataset_name, m.dataset_digest) for m in metrics or ()]
+        records += logged
         records += [rec.Tag(t.key, str(t.value)) for t in tags or ()]
         if records:
             self._write(job.target.run_id, records, _describe(records))
-        if logger is not None:  # a sweep that prunes hears the epoch's value
-            for m in metrics or ():
-                if m.model_id is None:
-                    pruning.observe({m.key: m.value}, m.step)
+        if logger is not None:  # the step a model links to; a pruning sweep's epoch
+            writes.metrics_logged(logger, logged)
 
     def delete_tag(self, run_id: str, key: str) -> None:
         job = self._own(run_id, "deleting a tag")

@@ -311,13 +311,18 @@ class HorovodRunner:
                 prune_metric=hooks.epoch_judge.metric if hooks.epoch_judge else "")
             judge = _verdicts(hooks.epoch_judge) if hooks.epoch_judge is not None else None
             writes = rank0_requests(Relay(target).answer, judge, target.run_id)
-        restart = None
+        restart, grow = None, None
         if target is not None and writes is not None and size < abs(self.num_processor):
             from mlflow_hvd.driver.elastic import GrowBack
 
             grow = GrowBack(abs(self.num_processor), size, self.job.grow_interval,
                             lambda: self._placement.slots_back(size), target.run_id)
             writes, restart = grow.answering(writes), grow.restart
+        elif size < abs(self.num_processor):
+            log.warning("mlflow_hvd: attempt %d runs on %d of np=%d ranks and will not grow "
+                        "back: growing back happens at a checkpoint committed to the job's "
+                        "MLflow run, and this job does not track (TrackingConfig(track=False))",
+                        attempt + 1, size, abs(self.num_processor))
         description = f"HorovodRunner(np={self.num_processor}).run({callable_name(main)})" + (
             f" attempt {attempt + 1}" if attempt else "") + (
             f" on {size} ranks" if size != abs(self.num_processor) else "")
@@ -325,7 +330,7 @@ class HorovodRunner:
                    settings=settings,
                    description=description, job_id=job_id, on_tracking_write=writes,
                    on_undelivered=self._undelivered_handler(restart), feed=feed,
-                   on_fed=on_fed, restart=restart)
+                   on_fed=on_fed, restart=restart, grow=grow)
 
     def __enter__(self) -> HorovodRunner:
         """Keep the ranks warm between ``run`` calls until the ``with`` block ends.

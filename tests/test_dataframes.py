@@ -264,6 +264,23 @@ def test_an_elastic_job_with_fewer_slots_than_min_np_fails_naming_both(spark: An
         "JobConfig(slot_timeout=...) if executors are still coming back")
 
 
+def test_an_elastic_job_that_does_not_track_shrinks_and_says_it_cannot_grow_back(
+        spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Growing back happens at a checkpoint in the job's run: a job without tracking runs
+    below np and says so (it was silent: it never grew and nothing told why)."""
+    from services import wait_until
+
+    caplog.set_level(logging.INFO, logger="mlflow_hvd")
+    memory = spark.sparkContext._jsc.sc().getExecutorMemoryStatus
+    wait_until(lambda: memory().size() >= 3, 60, "both executors")  # and the driver
+    runner = HorovodRunner(np=3, spark=spark, tracking=TrackingConfig(track=False),
+                           job=JobConfig(min_np=2, max_failures=1, slot_timeout=1))
+    assert runner.run(workers.echo, value=7)["kwargs"] == {"value": 7}
+    assert ("attempt 1 runs on 2 of np=3 ranks and will not grow back: growing back "
+            "happens at a checkpoint committed to the job's MLflow run, and this job does not "
+            "track (TrackingConfig(track=False))") in caplog.text
+
+
 def test_vectors_arrays_binary_text_and_booleans_reach_the_ranks(spark: Any) -> None:
     from pyspark.ml.linalg import Vectors, VectorUDT
     from pyspark.sql import types as T

@@ -1,9 +1,14 @@
 """The driver's side of an elastic job growing back (mlflow_hvd.driver.elastic), on the
-records rank 0 really sends: a checkpoint's commit ends the attempt only once the missing
-slots are back, looked for at most once per interval; what follows the checkpoint is not
-written."""
+records rank 0 really sends: a checkpoint's commit ends the attempt only once a look found
+the missing slots back; the looks run on the controller's own thread, never on rank 0's
+requests; what follows the checkpoint is not written."""
 
 from __future__ import annotations
+
+import threading
+import time
+
+from services import wait_until
 
 from mlflow_hvd.driver.elastic import GrowBack, checkpoint_commit
 from mlflow_hvd.protocol import records as rec
@@ -20,16 +25,6 @@ def metric(key: str, step: int) -> rec.Metric:
 def commit(epoch: int, tag: str | None = None) -> rec.Commit:
     return rec.Commit((metric("loss", epoch),),
                       (rec.Tag(LATEST_TAG, tag or model_path(epoch)),))
-
-
-class Clock:
-    """Seconds that pass only when a test says so."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Store:
@@ -62,21 +57,19 @@ def test_the_attempt_ends_at_the_checkpoint_after_the_slots_are_back() -> None:
         looks.append(back)
         return back
 
-    store, clock = Store(), Clock()
-    grow = GrowBack(4, 2, interval=60, slots_back=slots_back, run_id=RUN, clock=clock)
+    store = Store()
+    grow = GrowBack(4, 2, interval=60, slots_back=slots_back, run_id=RUN)
     answer = grow.answering(store.answer)
-    # within the interval of the attempt's start: no look
     assert answer(TrackingWrite(RUN, (commit(0),))) == TrackingWritten()
-    assert looks == []
-    clock.now += 60
+    assert looks == []  # a request never looks
+    assert not grow.look()
     assert answer(TrackingWrite(RUN, (metric("step_loss", 5),))) == TrackingWritten()
-    assert looks == []  # no checkpoint, no look
     assert answer(TrackingWrite(RUN, (commit(1),))) == TrackingWritten()
     assert looks == [False] and not grow.restart.is_set()
-    assert answer(TrackingWrite(RUN, (commit(2),))) == TrackingWritten()
-    assert looks == [False]  # looked less than an interval ago
     back = True
-    clock.now += 60
+    assert grow.look()
+    assert answer(TrackingWrite(RUN, (metric("step_loss", 6),))) == TrackingWritten()
+    assert not grow.restart.is_set()  # no checkpoint in it: the attempt goes on
     after = (metric("step_loss", 9), metric("val", 3))
     assert answer(TrackingWrite(RUN, (metric("val", 3), commit(3), *after))) == (
         TrackingWritten())
@@ -90,10 +83,44 @@ def test_the_attempt_ends_at_the_checkpoint_after_the_slots_are_back() -> None:
     assert len(store.written) == count  # nothing more of the attempt reaches the run
 
 
+def test_looks_run_on_their_own_thread_and_a_slow_one_holds_no_write() -> None:
+    """A look that takes long (a Spark Connect probe: seconds) runs on the controller's
+    thread every interval; rank 0's checkpoint written meanwhile is answered at once (before,
+    a look ran under the request lock and held it); the next checkpoint after the look found
+    the slots is where the attempt ends; closing stops the looks."""
+    release, looking = threading.Event(), threading.Event()
+    looks: list[float] = []
+
+    def slow_probe() -> bool:
+        looks.append(time.monotonic())
+        looking.set()
+        release.wait(10)
+        return True
+
+    store = Store()
+    grow = GrowBack(4, 2, interval=0.05, slots_back=slow_probe, run_id=RUN)
+    answer = grow.answering(store.answer)
+    grow.start()
+    try:
+        assert looking.wait(5), "the controller never looked"
+        t0 = time.monotonic()
+        assert answer(TrackingWrite(RUN, (commit(0),))) == TrackingWritten()
+        assert time.monotonic() - t0 < 1.0  # not held by the look under way
+        assert not grow.restart.is_set()  # the look has not answered yet
+        release.set()
+        wait_until(lambda: len(looks) >= 2, 5, "a second look")
+        assert answer(TrackingWrite(RUN, (commit(1),))) == TrackingWritten()
+        assert grow.restart.is_set() and grow.epoch == 1
+    finally:
+        release.set()
+        grow.close()
+    assert grow._thread is not None and not grow._thread.is_alive()
+
+
 def test_a_checkpoint_the_store_did_not_take_plans_no_restart() -> None:
-    store, clock = Store(error="server down"), Clock()
-    grow = GrowBack(4, 2, interval=60, slots_back=lambda: True, run_id=RUN, clock=clock)
-    clock.now += 60
+    store = Store(error="server down")
+    grow = GrowBack(4, 2, interval=60, slots_back=lambda: True, run_id=RUN)
+    assert grow.look()
     written = grow.answering(store.answer)(TrackingWrite(RUN, (commit(0),)))
     assert isinstance(written, TrackingWritten) and written.outage
     assert not grow.restart.is_set()
@@ -103,8 +130,8 @@ def test_a_failing_look_leaves_the_job_running() -> None:
     def broken() -> bool:
         raise RuntimeError("probe failed")
 
-    store, clock = Store(), Clock()
-    grow = GrowBack(4, 2, interval=60, slots_back=broken, run_id=RUN, clock=clock)
-    clock.now += 60
+    store = Store()
+    grow = GrowBack(4, 2, interval=60, slots_back=broken, run_id=RUN)
+    assert not grow.look()
     assert grow.answering(store.answer)(TrackingWrite(RUN, (commit(0),))) == TrackingWritten()
     assert not grow.restart.is_set() and store.written == [(commit(0),)]

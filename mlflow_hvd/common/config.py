@@ -125,10 +125,12 @@ class JobConfig:
             1`` (a job shrinks when it restarts after losing a host). A job running below
             ``np`` grows back when the missing slots return: at the first checkpoint in its
             run after they are found, it restarts on ``np`` ranks from that checkpoint (a
-            planned restart, not counted as a failure). docs/usage.md#elastic-jobs.
+            planned restart, not counted as a failure). A job that does not track
+            (``TrackingConfig(track=False)``) has no checkpoints in a run: it shrinks but
+            never grows back (said in the lifecycle log). docs/usage.md#elastic-jobs.
         grow_interval: Seconds between two looks for the missing slots of a job running
-            below ``np`` (made at its checkpoints, the first this long after the attempt
-            started): the fewest seconds between two resizes of a job.
+            below ``np`` (made by the driver while the attempt runs, the first this long
+            after it started): the fewest seconds between two resizes of a job.
         max_line_bytes: Longer output lines of the ranks are cut with a ``...[line
             truncated: N more bytes]`` marker.
     """

@@ -1,16 +1,19 @@
 """Driver side of elastic jobs (``JobConfig(min_np=...)``): growing an attempt that runs below
 ``np`` back to ``np`` at a checkpoint.
 
-An attempt that started on fewer ranks than ``np`` (a host was lost) is watched through the
-writes rank 0 sends the driver. When one of them commits a resumable checkpoint (the
-run's latest-checkpoint tag, written in one call with the epoch's metrics), the driver
-looks — at most once per ``grow_interval`` — whether the missing slots are back. If they
-are, it writes the records up to and including that checkpoint, plans a restart
-(:class:`GrowBack`'s ``restart`` event, which the driver loop turns into
-:class:`~mlflow_hvd.driver.supervisor.RestartPlanned`) and answers every later write of the
-attempt without writing it: what rank 0 logs after the checkpoint belongs to work the next
-attempt, on ``np`` ranks from that checkpoint, does again. No epoch is lost, none is logged
-twice.
+While an attempt runs on fewer ranks than ``np`` (a host was lost), a controller thread of
+its own looks every ``grow_interval`` whether the missing slots are back (on Spark Connect a
+look runs probe stages: seconds). Rank 0's writes to the run are watched: when one of them
+commits a resumable checkpoint (the run's latest-checkpoint tag, written in one call with the
+epoch's metrics) after a look found the slots back, the driver writes the records up to and
+including that checkpoint, plans a restart (:class:`GrowBack`'s ``restart`` event, which the
+driver loop turns into :class:`~mlflow_hvd.driver.supervisor.RestartPlanned`) and answers
+every later write of the attempt without writing it: what rank 0 logs after the checkpoint
+belongs to work the next attempt, on ``np`` ranks from that checkpoint, does again. No
+epoch is lost, none is logged twice, and no write of rank 0 waits for a look.
+
+Growing back needs checkpoints in the job's run: a job that does not track
+(``TrackingConfig(track=False)``) shrinks but never grows back (the runner says so).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from mlflow_hvd.protocol import records as rec
@@ -43,27 +45,58 @@ def checkpoint_commit(records: tuple[rec.Record, ...], run_id: str) -> int | Non
 
 
 class GrowBack:
-    """Watches one attempt running on ``size`` of ``np`` ranks (see the module docstring).
+    """Watches one attempt running on ``size`` of ``np`` ranks (see the module docstring):
+    :meth:`start` its looks when the attempt starts, :meth:`close` when it ends.
 
     Args:
         np: The ranks the job wants.
         size: The ranks this attempt runs on (fewer).
-        interval: The fewest seconds from the attempt's start to the first look for the
-            missing slots, and between two looks.
+        interval: Seconds from the attempt's start to the first look for the missing
+            slots, and between two looks.
         slots_back: Whether ``np`` slots are there now, this attempt's ``size`` included.
         run_id: The job's run.
-        clock: Seconds, monotonic (tests give their own).
     """
 
     def __init__(self, np: int, size: int, interval: float, slots_back: Callable[[], bool],
-                 run_id: str, clock: Callable[[], float] = time.monotonic) -> None:
+                 run_id: str) -> None:
         self.np, self.size, self.interval, self.run_id = np, size, interval, run_id
         self._slots_back = slots_back
-        self._clock = clock
-        self._last_look = clock()
+        self._back = threading.Event()  # the latest look found the slots
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.restart = threading.Event()  # set: the attempt ends for a restart on np ranks
         self.epoch: int | None = None  # the checkpoint the next attempt resumes from
+
+    def start(self) -> None:
+        """Start looking, every ``interval`` seconds, off rank 0's requests."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._looks, name="mlflow-hvd-grow-back",
+                                            daemon=True)
+            self._thread.start()
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop looking (a look under way ends by itself: the thread is a daemon)."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _looks(self) -> None:
+        while not self._closed.wait(self.interval) and not self.restart.is_set():
+            self.look()
+
+    def look(self) -> bool:
+        """Look once whether the missing slots are back, and remember the answer."""
+        try:
+            back = self._slots_back()
+        except Exception:  # counting failed (a Connect probe): training goes on as it is
+            log.warning("looking for the missing slots failed; the job goes on on %d ranks",
+                        self.size, exc_info=True)
+            back = False
+        log.info("job on %d of %d ranks: the missing slots are %s", self.size, self.np,
+                 "back" if back else "still missing")
+        (self._back.set if back else self._back.clear)()
+        return back
 
     def answering(self, answer: Answer) -> Answer:
         """``answer`` (rank 0's requests) with the attempt's growth watched."""
@@ -75,7 +108,7 @@ class GrowBack:
                 if not isinstance(request, TrackingWrite):
                     return answer(request)
                 cut = checkpoint_commit(request.records, self.run_id)
-                if cut is None or not self._look():
+                if cut is None or not self._back.is_set():
                     return answer(request)
                 kept = dataclasses.replace(request, records=request.records[:cut + 1])
                 written = answer(kept)
@@ -84,22 +117,6 @@ class GrowBack:
                 return written
 
         return watched
-
-    def _look(self) -> bool:
-        """Whether the missing slots are back, looked for at most once per interval."""
-        now = self._clock()
-        if now - self._last_look < self.interval:
-            return False
-        self._last_look = now
-        try:
-            back = self._slots_back()
-        except Exception:  # counting failed (a Connect probe): training goes on as it is
-            log.warning("looking for the missing slots failed; the job goes on on %d ranks",
-                        self.size, exc_info=True)
-            return False
-        log.info("job on %d of %d ranks: the missing slots are %s", self.size, self.np,
-                 "back" if back else "still missing")
-        return back
 
     def _plan(self, commit: rec.Record, dropped: int) -> None:
         assert isinstance(commit, rec.Commit)

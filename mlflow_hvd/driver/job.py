@@ -16,6 +16,7 @@ from mlflow_hvd.driver.supervisor import DriverSettings
 from mlflow_hvd.protocol.messages import FeedAgreed
 
 if TYPE_CHECKING:
+    from mlflow_hvd.driver.elastic import GrowBack
     from mlflow_hvd.driver.feed import Feed
 
 
@@ -46,6 +47,8 @@ class Job:
             job's run), once the generation's tasks agreed.
         restart: Once set, the job ends for a planned restart (an elastic job growing back,
             :mod:`mlflow_hvd.driver.elastic`); None: it never does.
+        grow: The controller of an elastic attempt below ``np`` (its looks for the missing
+            slots run while the job runs); None otherwise.
     """
 
     np: int
@@ -58,6 +61,7 @@ class Job:
     feed: Feed | None = None
     on_fed: Callable[[FeedAgreed], None] | None = None
     restart: threading.Event | None = None
+    grow: GrowBack | None = None
 
     @property
     def feed_key(self) -> tuple[tuple[str, int], ...]:

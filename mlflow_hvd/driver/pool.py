@@ -83,6 +83,8 @@ class RankPool:
             live = self._live
             assert live is not None  # started or handed
             record = JobRecord(job.np, job.job_id, tasks=live.tasks)
+            if job.grow is not None:
+                job.grow.start()
             try:
                 value = supervise(record, live.events, live.backend, job.settings, out,
                                   self.stop, job.restart)
@@ -97,6 +99,8 @@ class RankPool:
             succeeded = True
             return value
         finally:
+            if job.grow is not None:
+                job.grow.close()
             if not succeeded:
                 self._close_live(stop_now=True)
             elif not self.warm:

@@ -208,3 +208,25 @@ def test_an_outage_the_driver_reports_reaches_rank_0_as_a_connection_error() -> 
     assert is_outage(down.value)
     assert str(down.value).startswith(
         "the driver cannot connect to the tracking server at http://127.0.0.1:9: ")
+
+
+def test_a_call_with_a_deadline_gives_its_value_its_error_or_up() -> None:
+    """common.deadline's Running, the one home of "a call with a deadline" (the relay's
+    writes, Spark stages, the run's bookkeeping): the value, the call's own exception
+    raised in the caller, or DeadlineExceeded naming the call while it goes on."""
+    import threading
+
+    from mlflow_hvd.common.deadline import DeadlineExceeded, Running, call_within
+
+    assert call_within(5, "adding", lambda a, b: a + b, 2, b=3) == 5
+    with pytest.raises(KeyError, match="missing"):
+        call_within(5, "failing", {}.__getitem__, "missing")
+    release = threading.Event()
+    slow = Running("waiting", release.wait, 10)
+    assert not slow.wait(0.05) and not slow.done
+    with pytest.raises(DeadlineExceeded, match="^waiting has not returned yet$"):
+        slow.result()
+    with pytest.raises(DeadlineExceeded, match=r"^blocking did not return within 0.05s$"):
+        call_within(0.05, "blocking", release.wait, 10)
+    release.set()
+    assert slow.wait(5) and slow.result() is True

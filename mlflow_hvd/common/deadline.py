@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -55,26 +55,52 @@ class DeadlineExceeded(TimeoutError):
     """The call did not return within its deadline; it may still complete later."""
 
 
+class Running(Generic[T]):
+    """``fn(*args, **kwargs)`` running in a daemon thread of its own, named ``what``, for a
+    caller that waits for it with deadlines (:meth:`wait`) and may give up: a Python thread
+    cannot be stopped, so a call given up on goes on until it returns, or until the process
+    ends; callers say so where they give up. The one home of "a call with a deadline"."""
+
+    def __init__(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> None:
+        self.what = what
+        self._value: T | None = None
+        self.error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                self._value = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the caller
+                self.error = exc
+
+        self._thread = threading.Thread(target=target, name=f"mlflow-hvd-{what}", daemon=True)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, seconds: float) -> bool:
+        """Wait at most ``seconds`` (>= 0); whether the call has returned."""
+        self._thread.join(max(0.0, seconds))
+        return self.done
+
+    def result(self) -> T:
+        """The call's value, or its exception raised here (once :attr:`done`)."""
+        if not self.done:
+            raise DeadlineExceeded(f"{self.what} has not returned yet")
+        if self.error is not None:
+            raise self.error
+        return self._value  # type: ignore[return-value]
+
+
 def call_within(seconds: float, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Return ``fn(*args, **kwargs)``, or re-raise its exception, within ``seconds``.
 
     Raises:
-        DeadlineExceeded: The call was still running at the deadline (``what`` names it).
+        DeadlineExceeded: The call was still running at the deadline (``what`` names it;
+            it goes on in its thread).
     """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"mlflow-hvd-call-{what}", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
+    call = Running(f"call-{what}", fn, *args, **kwargs)
+    if not call.wait(seconds):
         raise DeadlineExceeded(f"{what} did not return within {seconds:g}s")
-    if "error" in box:
-        raise box["error"]
-    value: T = box["value"]
-    return value
+    return call.result()

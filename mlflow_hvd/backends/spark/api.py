@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import socket
 import sys
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from typing import Any
 
 from mlflow_hvd.backends.spark import private, removals
 from mlflow_hvd.common import network
+from mlflow_hvd.common.deadline import Running
 from mlflow_hvd.errors import BackendError
 
 PYTHON_CONF = "spark.sql.execution.pyspark.python"  # a session's Python workers' interpreter
@@ -182,7 +182,7 @@ class ConnectApi:
             BackendError: The server is dialled on loopback but is not on this machine (a
                 tunnel: its executors cannot reach this client).
         """
-        source = route_source(self.server_host())
+        source = route_source_or_loopback(self.server_host())
         if source != "127.0.0.1":
             return source
         served = str(self.conf().get("spark.driver.host") or "")
@@ -261,23 +261,20 @@ def run_stage(api: SessionApi, name: str, description: str, action: Callable[[],
     own, under a fresh tag ``mlflow-hvd-<name>-...`` (job groups and tags are thread-local);
     past ``timeout`` seconds the tagged work is cancelled and waited for 30 s more."""
     tag = f"mlflow-hvd-{name}-{uuid.uuid4().hex[:12]}"
-    done: dict[str, Any] = {}
 
-    def submit() -> None:
-        try:
-            with api.tagged(tag, description):
-                done["value"] = action()
-        except Exception as exc:  # handed to the caller
-            done["error"] = exc
+    def submit() -> Any:
+        with api.tagged(tag, description):
+            return action()
 
-    thread = threading.Thread(target=submit, name=f"mlflow-hvd-{name}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+    call = Running(name, submit)
+    if not call.wait(timeout):
         api.cancel(tag)
-        thread.join(30)
+        call.wait(30)  # cancelled work ends soon; a stage that does not is given up on
         return StageOutcome(False)
-    return StageOutcome(True, done.get("value"), done.get("error"))
+    error = call.error
+    if error is not None and not isinstance(error, Exception):
+        raise error  # KeyboardInterrupt, SystemExit: not the stage's outcome
+    return StageOutcome(True, None if error else call.result(), error)
 
 
 def is_local_address(host: str) -> bool:
@@ -294,9 +291,11 @@ def is_local_address(host: str) -> bool:
     return True
 
 
-def route_source(host: str) -> str:
-    """The local IPv4 address this machine sends from to reach ``host`` (no packet is sent:
-    a UDP socket's ``connect`` only picks the route); ``127.0.0.1`` for a loopback host."""
+def route_source_or_loopback(host: str) -> str:
+    """The local IPv4 address this machine sends from to reach ``host``
+    (:func:`mlflow_hvd.common.network.route_source`); ``127.0.0.1`` for a loopback host, and
+    also when ``host`` does not resolve or has no route (the caller then checks whether the
+    server is on this machine)."""
     try:
         address = socket.gethostbyname(host)
     except OSError:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
+from mlflow_hvd.common.deadline import Deadline, Running
 from mlflow_hvd.common.tracking_server import check_server_reachable, is_outage
 from mlflow_hvd.errors import TrackingError
 from mlflow_hvd.protocol import records as rec
@@ -46,7 +46,7 @@ class Relay:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._client: Any = None
-        self._running: threading.Thread | None = None  # a call abandoned at its deadline
+        self._running: Running[None] | None = None  # a write given up on at its deadline
         self._outage = False  # the last answer was "outage" (for the lifecycle log)
 
     def answer(self, request: TrackingWrite) -> TrackingWritten:
@@ -70,7 +70,7 @@ class Relay:
                 f"{request.run_id}"
             )
         with self._lock:
-            if self._running is not None and self._running.is_alive():
+            if self._running is not None and not self._running.done:
                 return TrackingWritten(
                     f"the tracking server at {uri} has not yet answered the driver's previous "
                     "write", outage=True)
@@ -82,29 +82,16 @@ class Relay:
 
     def _write(self, records: tuple[rec.Record, ...]) -> TrackingWritten:
         uri = self.target.tracking_uri
-        box: dict[str, BaseException] = {}
-        client = self._mlflow()
-
-        def call() -> None:
-            try:
-                rec.send(client, self.target.run_id, records)
-            except BaseException as exc:  # answered to rank 0
-                box["error"] = exc
-
-        thread = threading.Thread(target=call, name="mlflow-hvd-relay-write", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + self.timeout
-        while True:
-            thread.join(max(0.0, min(PROBE_EVERY, deadline - time.monotonic())))
-            if not thread.is_alive():
-                break
+        call = Running("relay-write", rec.send, self._mlflow(), self.target.run_id, records)
+        deadline = Deadline.after(self.timeout)
+        while not call.wait(deadline.slice(PROBE_EVERY)):
             problem = self._unreachable() or (
                 f"the tracking server at {uri} did not answer the driver within "
-                f"{self.timeout:g}s" if time.monotonic() >= deadline else "")
+                f"{self.timeout:g}s" if deadline.passed() else "")
             if problem:
-                self._running = thread
+                self._running = call  # given up on: the next write waits for it to end
                 return TrackingWritten(problem, outage=True)
-        error = box.get("error")
+        error = call.error
         if error is None:
             return TrackingWritten()
         return TrackingWritten(str(error) or type(error).__name__, outage=is_outage(error))

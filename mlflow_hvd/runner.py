@@ -115,11 +115,11 @@ class HorovodRunner:
         ship = self._options.cluster.ship_environment
         if spark is not None:
             refuse_unshipped(spark, ship)
+        self._stop = threading.Event()  # stop(): the running (or next) job ends as on Ctrl-C
         self._placement: Placement = (
             LocalPlacement(abs(self.num_processor)) if self.num_processor < 0
             else SparkPlacement(self.num_processor, spark, self._options.job,
-                                self._options.cluster))
-        self._stop = threading.Event()  # stop(): the running (or next) job ends as on Ctrl-C
+                                self._options.cluster, self._stop))
         self._pool = RankPool(self._placement.backend, warm=False,
                               stop=self._stop)
         self.last_job_id: str | None = None

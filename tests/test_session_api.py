@@ -3,7 +3,10 @@ Connect client answers: the choices that need no server."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -247,3 +250,64 @@ def test_why_spark_removed_executors_is_kept_after_it_stops_the_context_and_clea
         "the Spark application on spark://m:7077 was stopped while the job ran its barrier "
         "stage (a standalone master removes an application whose executors keep failing to "
         "start: the master's and workers' logs say why)")
+
+
+class _Tagging:
+    """What run_stage asks of a session: tagging its work and cancelling it by tag. The
+    work here waits until cancelled, as a Spark stage unpacking a large environment does."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+        self.release = threading.Event()
+
+    @contextlib.contextmanager
+    def tagged(self, tag: str, description: str) -> Iterator[None]:
+        yield
+
+    def cancel(self, tag: str) -> None:
+        self.cancelled.append(tag)
+        self.release.set()
+
+
+def test_a_stage_before_the_job_ends_on_stop_and_on_its_deadline_cancelling_its_work() -> None:
+    """Shipping and unpacking an environment, probing slots: Spark stages the driver runs
+    before the job's own (run_stage). HorovodRunner.stop() (the runner's stop event) ends
+    one within a poll, its work cancelled (before, only its deadline did); its deadline
+    ends it too, cancelled, with no outcome."""
+    from mlflow_hvd.backends.spark.api import run_stage
+    from mlflow_hvd.errors import JobStopped
+
+    api, stop = _Tagging(), threading.Event()
+    timer = threading.Timer(0.2, stop.set)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(JobStopped, match=r"^stopped while Spark ran 'unpack it' "
+                                         r"\(HorovodRunner.stop\)$"):
+        run_stage(api, "environment", "unpack it",  # type: ignore[arg-type]
+                  lambda: api.release.wait(30), 60, stop)
+    assert time.monotonic() - t0 < 5
+    assert len(api.cancelled) == 1 and api.cancelled[0].startswith("mlflow-hvd-environment-")
+    late = _Tagging()
+    outcome = run_stage(late, "slots", "probe", lambda: late.release.wait(30),  # type: ignore[arg-type]
+                        0.2, threading.Event())
+    assert not outcome.finished and len(late.cancelled) == 1
+
+
+def test_a_wait_for_task_slots_ends_on_stop() -> None:
+    """HorovodRunner.stop() while run() waits for slots a cluster has not registered yet
+    (a standalone master declares no size): JobStopped within a poll (before, the wait ran
+    to slot_timeout, out of stop()'s reach). A classic session as the wait reads it: its
+    master, its settings, its registered slots (none yet), its context running."""
+    from mlflow_hvd.backends.spark.session import wait_for_slots
+    from mlflow_hvd.errors import JobStopped
+
+    api = SimpleNamespace(kind="classic", master=lambda: "spark://master:7077",
+                          conf=lambda: {}, task_slots=lambda: 0, stopped=lambda: False)
+    stop = threading.Event()
+    timer = threading.Timer(0.3, stop.set)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(JobStopped, match=r"^stopped while waiting for 4 task slots "
+                                         r"\(HorovodRunner.stop\)$"):
+        wait_for_slots(api, 4, 120, stop)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 5

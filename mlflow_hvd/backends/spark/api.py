@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,8 +23,8 @@ from typing import Any
 
 from mlflow_hvd.backends.spark import private, removals
 from mlflow_hvd.common import network
-from mlflow_hvd.common.deadline import Running
-from mlflow_hvd.errors import BackendError
+from mlflow_hvd.common.deadline import Deadline, Running
+from mlflow_hvd.errors import BackendError, JobStopped
 
 PYTHON_CONF = "spark.sql.execution.pyspark.python"  # a session's Python workers' interpreter
 
@@ -256,10 +257,15 @@ class StageOutcome:
 
 
 def run_stage(api: SessionApi, name: str, description: str, action: Callable[[], Any],
-              timeout: float) -> StageOutcome:
+              timeout: float, stop: threading.Event | None = None) -> StageOutcome:
     """Run ``action`` (which submits Spark work and returns its result) in a thread of its
     own, under a fresh tag ``mlflow-hvd-<name>-...`` (job groups and tags are thread-local);
-    past ``timeout`` seconds the tagged work is cancelled and waited for 30 s more."""
+    past ``timeout`` seconds the tagged work is cancelled and waited for 30 s more.
+
+    Raises:
+        JobStopped: ``stop`` was set meanwhile (``HorovodRunner.stop()``, SIGTERM): the
+            tagged work is cancelled first.
+    """
     tag = f"mlflow-hvd-{name}-{uuid.uuid4().hex[:12]}"
 
     def submit() -> Any:
@@ -267,14 +273,23 @@ def run_stage(api: SessionApi, name: str, description: str, action: Callable[[],
             return action()
 
     call = Running(name, submit)
-    if not call.wait(timeout):
-        api.cancel(tag)
-        call.wait(30)  # cancelled work ends soon; a stage that does not is given up on
-        return StageOutcome(False)
+    deadline = Deadline.after(timeout)
+    while not call.wait(deadline.slice(STOP_POLL)):
+        stopped = stop is not None and stop.is_set()
+        if stopped or deadline.passed():
+            api.cancel(tag)
+            call.wait(30)  # cancelled work ends soon; a stage that does not is given up on
+            if stopped:
+                raise JobStopped(f"stopped while Spark ran {description!r} "
+                                 "(HorovodRunner.stop)")
+            return StageOutcome(False)
     error = call.error
     if error is not None and not isinstance(error, Exception):
         raise error  # KeyboardInterrupt, SystemExit: not the stage's outcome
     return StageOutcome(True, None if error else call.result(), error)
+
+
+STOP_POLL = 0.1  # seconds between two looks at the stop request while Spark works
 
 
 def is_local_address(host: str) -> bool:

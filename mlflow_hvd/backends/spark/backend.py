@@ -40,7 +40,7 @@ class SparkBackend:
     name = "spark"
 
     def __init__(self, spark: Any, job: JobConfig, cluster: ClusterConfig,
-                 frame: Any = None) -> None:
+                 frame: Any = None, stop: threading.Event | None = None) -> None:
         self._spark = spark
         self._frame = frame  # the job's data, in exactly np partitions (None: no data)
         self._api = session_api(spark)
@@ -49,12 +49,15 @@ class SparkBackend:
         self._ship = cluster.ship_environment  # a Connect session is given it here
         self._thread: threading.Thread | None = None
         self._job_id: str | None = None
+        # the runner's stop request: the waits before the stage (slots, the environment
+        # unpacked on the executors) end on it
+        self._stop = stop
 
     def start(self, job: JobSpec, sink: Sink) -> None:
         conf = self._api.conf()
         check_barrier_supported(conf)
         check_executor_env(conf)
-        slots = wait_for_slots(self._api, job.np, self._slot_timeout)
+        slots = wait_for_slots(self._api, job.np, self._slot_timeout, self._stop)
         self._job_id = job.job_id
         # an environment shipped with the session (to a Connect one: now): unpacked on
         # every executor first (not against the start deadline), and every task checks it
@@ -65,7 +68,8 @@ class SparkBackend:
         else:
             environment = shipped_environment(conf)
         if environment is not None:
-            prepare_executors(self._api, environment, slots, self._environment_timeout)
+            prepare_executors(self._api, environment, slots, self._environment_timeout,
+                              self._stop)
         job = dataclasses.replace(job, environment=environment)
         self._thread = threading.Thread(
             target=self._submit,

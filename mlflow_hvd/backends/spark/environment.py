@@ -131,7 +131,7 @@ def _check_as_arrow(shipped: EnvironmentFingerprint
 
 
 def prepare_executors(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
-                      timeout: float) -> None:
+                      timeout: float, stop: threading.Event | None = None) -> None:
     """Have every executor of ``api``'s session unpack and check the shipped environment (once per
     application and environment).
 
@@ -146,7 +146,7 @@ def prepare_executors(api: SessionApi, shipped: EnvironmentFingerprint, slots: i
             return
         started = time.monotonic()
         log.info("shipped environment: %d tasks unpack and check it on the executors", slots)
-        hosts = _run_stage(api, shipped, slots, timeout)
+        hosts = _run_stage(api, shipped, slots, timeout, stop)
         unfit = {host: differences for host, differences in hosts if differences}
         if unfit:
             host, differences = sorted(unfit.items())[0]
@@ -158,7 +158,7 @@ def prepare_executors(api: SessionApi, shipped: EnvironmentFingerprint, slots: i
 
 
 def _run_stage(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
-               timeout: float) -> list[tuple[str, list[str]]]:
+               timeout: float, stop: threading.Event | None) -> list[tuple[str, list[str]]]:
     def check() -> list[tuple[str, list[str]]]:
         if api.kind == "classic":
             return list(api.parallel_tasks(slots, _check_on_executor(shipped)).collect())
@@ -167,7 +167,8 @@ def _run_stage(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
         return [(row.host, row.differences) for row in rows]
 
     outcome = run_stage(api, "environment",
-                        "mlflow_hvd: unpack and check the shipped environment", check, timeout)
+                        "mlflow_hvd: unpack and check the shipped environment", check, timeout,
+                        stop)
     if not outcome.finished:
         raise BackendError(
             f"the executors did not fetch, unpack and check the shipped environment within "

@@ -4,6 +4,7 @@ on it for each new generation of ranks."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from mlflow_hvd.backends.base import Backend, FrameSource
@@ -20,8 +21,10 @@ class SparkPlacement:
     the runner's options choose: the active one, the configured master's, else an embedded
     ``local[max(np, cores)]``)."""
 
-    def __init__(self, np: int, spark: Any, job: JobConfig, cluster: ClusterConfig) -> None:
+    def __init__(self, np: int, spark: Any, job: JobConfig, cluster: ClusterConfig,
+                 stop: threading.Event | None = None) -> None:
         self.np, self.spark, self.job, self.cluster = np, spark, job, cluster
+        self.stop = stop  # the runner's stop request, for the backend's waits
         self._boot = SessionBoot(np, cluster, job.slot_timeout)
 
     def new_run(self) -> None:
@@ -48,7 +51,7 @@ class SparkPlacement:
 
     def elastic_size(self, least: int) -> int:
         return elastic_slots(session_api(self.session()), self.np, least,
-                             self.job.slot_timeout)
+                             self.job.slot_timeout, self.stop)
 
     def slots_back(self, running: int) -> bool:
         return slots_back(session_api(self.session()), self.np, running)
@@ -59,5 +62,5 @@ class SparkPlacement:
         if feed is not None:
             feed.check_session(spark)
             frame = feed.fed_frame(np)
-        backend = SparkBackend(spark, self.job, self.cluster, frame)
+        backend = SparkBackend(spark, self.job, self.cluster, frame, self.stop)
         return backend, resolve_host(session_api(spark).driver_host())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ from mlflow_hvd.errors import (
     BackendError,
     ConfigurationError,
     InsufficientSlotsError,
+    JobStopped,
     SparkBarrierUnsupportedError,
 )
 from mlflow_hvd.protocol.environment import (
@@ -156,7 +158,8 @@ def expected_slots(master: str, conf: Any) -> int | None:
     return None
 
 
-def wait_for_slots(api: SessionApi, np: int, timeout: float) -> int:
+def wait_for_slots(api: SessionApi, np: int, timeout: float,
+                   stop: threading.Event | None = None) -> int:
     """Wait up to ``timeout`` seconds (executors may still be registering) for ``np`` slots.
 
     Fails at once when the master's own size shows that ``np`` slots can never exist. A
@@ -165,18 +168,20 @@ def wait_for_slots(api: SessionApi, np: int, timeout: float) -> int:
 
     Raises:
         InsufficientSlotsError: Fewer than ``np`` slots after the wait.
+        JobStopped: ``stop`` was set meanwhile (``HorovodRunner.stop()``, SIGTERM).
     """
     deadline = time.monotonic() + timeout
     master, conf = api.master(), api.conf()
     ceiling = expected_slots(master, conf)
     while True:
         refuse_stopped(api, f"waited for {np} task slots")
+        refuse_asked_to_stop(stop, f"waiting for {np} task slots")
         slots = api.task_slots()
         if slots is None:  # Spark Connect
             if ceiling is not None and ceiling >= np:
                 return ceiling
             if ceiling is None:
-                return probe_slots(api, np, timeout)
+                return probe_slots(api, np, timeout, stop)
             slots = 0
         if slots >= np:
             return slots
@@ -185,7 +190,8 @@ def wait_for_slots(api: SessionApi, np: int, timeout: float) -> int:
         time.sleep(0.25)
 
 
-def elastic_slots(api: SessionApi, np: int, least: int, timeout: float) -> int:
+def elastic_slots(api: SessionApi, np: int, least: int, timeout: float,
+                  stop: threading.Event | None = None) -> int:
     """How many ranks an elastic attempt (``JobConfig(min_np=least)``) runs on: ``np`` once
     ``np`` slots are there (waiting up to ``timeout`` seconds for them), else as many as
     there are if at least ``least``. Counted afresh (a host may have been lost since the
@@ -197,19 +203,20 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float) -> int:
     Raises:
         InsufficientSlotsError: Fewer than ``least`` slots after the wait, naming the
             count there was and the one needed.
+        JobStopped: ``stop`` was set meanwhile (``HorovodRunner.stop()``, SIGTERM).
     """
     forget_probes(api)
     master, conf = api.master(), api.conf()
     ceiling = expected_slots(master, conf)
     if api.task_slots() is None:  # Spark Connect: only probes tell
         most = np if ceiling is None else min(np, ceiling)  # what the master can ever give
-        if most == np and _probe_runs(api, np, timeout):
+        if most == np and _probe_runs(api, np, timeout, stop):
             return np
         found = 0
         for count in range(least, most + 1 if most < np else np):
             # the first may start the executors' Python workers: it gets the longer wait
             wait = max(timeout, SHORT_PROBE) if count == least else SHORT_PROBE
-            if not _probe_runs(api, count, wait):
+            if not _probe_runs(api, count, wait, stop):
                 break
             found = count
         if found >= least:
@@ -219,6 +226,7 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float) -> int:
     enough = np if ceiling is None else min(np, ceiling)
     while True:
         refuse_stopped(api, f"waited for {least} to {np} task slots")
+        refuse_asked_to_stop(stop, f"waiting for {least} to {np} task slots")
         slots = api.task_slots() or 0
         if slots >= enough or time.monotonic() >= deadline:
             break
@@ -226,6 +234,14 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float) -> int:
     if slots >= least:
         return min(slots, np)
     raise InsufficientSlotsError(_elastic_message(api, np, least, slots, timeout, False))
+
+
+def refuse_asked_to_stop(stop: threading.Event | None, doing: str) -> None:
+    """Raise :class:`JobStopped` at once when the runner was asked to stop (``stop`` set:
+    ``HorovodRunner.stop()``, SIGTERM) while it was ``doing`` something before the job's
+    stage."""
+    if stop is not None and stop.is_set():
+        raise JobStopped(f"stopped while {doing} (HorovodRunner.stop)")
 
 
 def refuse_stopped(api: SessionApi, doing: str, cause: BaseException | None = None) -> None:
@@ -262,16 +278,17 @@ def slots_back(api: SessionApi, np: int, running: int) -> bool:
     if slots is not None:
         return slots >= np
     forget_probes(api)
-    return _probe_runs(api, np - running, SHORT_PROBE)
+    return _probe_runs(api, np - running, SHORT_PROBE, None)
 
 
 SHORT_PROBE = 10.0  # seconds a Connect probe of fewer than np tasks gets (a probe that can
 # run does in about a second; one that cannot waits for slots until its deadline)
 
 
-def _probe_runs(api: SessionApi, count: int, timeout: float) -> bool:
+def _probe_runs(api: SessionApi, count: int, timeout: float,
+                stop: threading.Event | None) -> bool:
     try:
-        probe_slots(api, count, timeout)
+        probe_slots(api, count, timeout, stop)
     except InsufficientSlotsError:
         return False
     return True
@@ -299,7 +316,8 @@ def forget_probes(api: SessionApi) -> None:
         del _probed[key]
 
 
-def probe_slots(api: SessionApi, np: int, timeout: float) -> int:
+def probe_slots(api: SessionApi, np: int, timeout: float,
+                stop: threading.Event | None = None) -> int:
     """``np`` when a barrier stage of ``np`` no-op tasks runs within ``timeout`` seconds (once
     per application and ``np``): how a Spark Connect client, which cannot ask the scheduler,
     learns that ``np`` tasks can run at once on a cluster whose master declares no size.
@@ -313,7 +331,8 @@ def probe_slots(api: SessionApi, np: int, timeout: float) -> int:
     outcome = run_stage(
         api, "slots", f"mlflow_hvd: can {np} tasks run at once?",
         lambda: api.session.range(0, np, 1, np).mapInArrow(_no_op, "id long",
-                                                          barrier=True).collect(), timeout)
+                                                          barrier=True).collect(), timeout,
+        stop)
     if outcome.error is not None or not outcome.finished:
         error = outcome.error
         why = (f"{type(error).__name__}: {str(error).splitlines()[0]}" if error is not None

@@ -95,9 +95,11 @@ def _resolve(dotted: str) -> object:
 
 def test_the_api_reference_names_only_what_exists() -> None:
     """Every name in the reference's table resolves (a bare name after a dotted one in the
-    same cell is in the same module; a bare first name is a top-level name), and every
-    ``:::`` directive and each member it lists exists (mkdocstrings skips a missing
-    member without a word)."""
+    same cell is in the same module; a bare first name is a top-level name), each argument
+    it shows in parentheses is a parameter of it (``space_from_json(text)`` named one that
+    is not), and every ``:::`` directive and each member it lists exists (mkdocstrings
+    skips a missing member without a word)."""
+    import inspect
     import re
 
     from conftest import REPO
@@ -105,17 +107,27 @@ def test_the_api_reference_names_only_what_exists() -> None:
     text = (REPO / "docs" / "api.md").read_text()
     missing = []
     for row in re.findall(r"^\| (.+?) \| (?:driver|rank|rank 0|both) \|", text, re.M):
-        names = [re.sub(r"\(.*", "", n) for n in re.findall(r"`([^`]+)`", row)]
+        shown = re.findall(r"`([^`]+)`", row)
+        names = [re.sub(r"\(.*", "", n) for n in shown]
         prefix = names[0].rsplit(".", 1)[0] if "." in names[0] else ""
-        for name in names:
+        for name, call in zip(names, shown, strict=True):
             if name.endswith(".*"):
                 name = name[:-2]
             elif "." not in name and prefix:
                 name = f"{prefix}.{name}"
             try:
-                _resolve(name)
+                obj = _resolve(name)
             except (AttributeError, ImportError):
                 missing.append(name)
+                continue
+            given = re.fullmatch(r"[^(]*\((.*)\)", call)
+            if given is None:
+                continue
+            params = inspect.signature(obj).parameters
+            for arg in re.split(r",\s*", given.group(1)):
+                arg = arg.split("=")[0].strip()
+                if arg and arg != "..." and not arg.startswith("*") and arg not in params:
+                    missing.append(f"{call}: no parameter {arg!r}")
     for target, options in re.findall(r"^::: (\S+)\n((?:    .*\n)*)", text, re.M):
         try:
             obj = _resolve(target)
@@ -149,3 +161,24 @@ def test_every_error_class_has_its_troubleshooting_entry() -> None:
         where = re.search(r"`from (mlflow_hvd(?:\.errors)?) import (\w+)`", section)
         assert where and where.group(2) == name, (name, section[:200])
         assert getattr(importlib.import_module(where.group(1)), name) is getattr(errors, name)
+
+
+def test_no_code_in_the_manual_imports_horovods_keras_layer_but_as_the_code_before() -> None:
+    """Under Keras 3 a rank refuses Horovod's own Keras layer (IncompatibleImportError):
+    a code block of the manual imports it only as the code users migrate from (a block
+    headed ``# before``, or a ``before -> after`` line), never as code to copy
+    (docs/training-function.md did, while docs/keras.md said it fails)."""
+    import re
+
+    from conftest import REPO
+
+    wrong = []
+    for page in sorted((REPO / "docs").glob("*.md")):
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S):
+            if block.lstrip().startswith("# before"):
+                continue
+            for line in block.splitlines():
+                if (re.search(r"\bimport horovod\.(tensorflow\.)?keras\b", line)
+                        and "->" not in line):
+                    wrong.append(f"{page.name}: {line.strip()}")
+    assert wrong == [], wrong

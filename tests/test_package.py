@@ -182,3 +182,18 @@ def test_no_code_in_the_manual_imports_horovods_keras_layer_but_as_the_code_befo
                         and "->" not in line):
                     wrong.append(f"{page.name}: {line.strip()}")
     assert wrong == [], wrong
+
+
+def test_the_license_file_is_the_one_pyproject_declares() -> None:
+    """LICENSE holds the Apache License 2.0, the SPDX expression pyproject.toml declares,
+    and is the file it lists for the wheel and the sdist (tests/test_quickstart.py finds it
+    in both)."""
+    import tomllib
+
+    from conftest import REPO
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "http://www.apache.org/licenses/LICENSE-2.0" in text

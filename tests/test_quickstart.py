@@ -60,6 +60,14 @@ def test_the_quickstart_page_installs_the_wheel_and_runs_a_first_job(tmp_path: P
         dist = sorted(p.name for p in (clone / "dist").iterdir())
         assert [n for n in dist if n.endswith(".whl")] == ["mlflow_hvd-0.1.0-py3-none-any.whl"]
         assert "mlflow_hvd-0.1.0.tar.gz" in dist
+        # the license travels with both (pyproject's license-files)
+        import tarfile
+        import zipfile
+
+        with zipfile.ZipFile(clone / "dist" / "mlflow_hvd-0.1.0-py3-none-any.whl") as wheel:
+            assert "mlflow_hvd-0.1.0.dist-info/licenses/LICENSE" in wheel.namelist()
+        with tarfile.open(clone / "dist" / "mlflow_hvd-0.1.0.tar.gz") as sdist:
+            assert "mlflow_hvd-0.1.0/LICENSE" in sdist.getnames()
         python = clone / "hvd-env" / "bin" / "python"
         # -I: the checkout's directory is not on sys.path, as it is not in the job's
         # processes (sys.path[0] is examples/ there): mlflow_hvd is the installed wheel's

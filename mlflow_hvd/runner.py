@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 import cloudpickle
 
@@ -28,9 +28,9 @@ from mlflow_hvd.driver.job import Job, new_job_id
 from mlflow_hvd.driver.options import runner_options
 from mlflow_hvd.driver.payload import check_call, dumps_code, dumps_payload
 from mlflow_hvd.driver.pool import RankPool
-from mlflow_hvd.driver.retry import Decision, RetryPolicy
+from mlflow_hvd.driver.retry import Attempts, Decision, RetryPolicy
 from mlflow_hvd.driver.signals import sigterm_interrupts
-from mlflow_hvd.driver.supervisor import DriverSettings, RestartPlanned
+from mlflow_hvd.driver.supervisor import DriverSettings, GrowingBack
 from mlflow_hvd.driver.tracking import attempts
 from mlflow_hvd.errors import (
     BackendError,
@@ -117,7 +117,8 @@ class HorovodRunner:
             refuse_unshipped(spark, ship)
         self._stop = threading.Event()  # stop(): the running (or next) job ends as on Ctrl-C
         self._placement: Placement = (
-            LocalPlacement(abs(self.num_processor)) if self.num_processor < 0
+            LocalPlacement(abs(self.num_processor), self._options.job, self._stop)
+            if self.num_processor < 0
             else SparkPlacement(self.num_processor, spark, self._options.job,
                                 self._options.cluster, self._stop))
         self._pool = RankPool(self._placement.backend, warm=False,
@@ -230,46 +231,50 @@ class HorovodRunner:
         ``max_failures`` times), or raise. An elastic job's attempt runs on as many ranks
         as there are slots for (``min_np``)."""
         max_failures, timeout = self.job.max_failures, self.tracking.tracking_timeout
-        policy = RetryPolicy(max_failures)
-        failures: list[BaseException] = []
+        state = Attempts(RetryPolicy(max_failures))
         record = target if max_failures > 0 else None  # attempts only when retrying
-        attempt = reruns = 0
         size = abs(self.num_processor)
         while True:
-            try:
-                if reruns == 0:
-                    size = self._attempt_size(attempt)
-                    log.info("attempt %d of %s starts%s%s", attempt + 1, callable_name(main),
-                             f" on {size} ranks" if self.job.min_np is not None else "",
-                             f" ({len(failures)} of max_failures={max_failures} failed)"
-                             if max_failures else "")
-                    if record is not None:
-                        attempts.started(record, attempt, size, timeout,
-                                         self._undelivered_root())
-                job = self._job(main, code, target, attempt, size, settings, hooks, feed)
-                return cloudpickle.loads(self._pool.run(job, sys.stdout))
-            except RestartPlanned:
-                attempt, reruns = attempt + 1, 0  # grown back: the next attempt, on np ranks
-            except (WorkerFailedError, BackendError) as exc:
-                decision = policy.decide(exc, len(failures), reruns)
-                if decision is Decision.RERUN:
-                    reruns += 1
-                    log.info("attempt %d never ran (%s); running it on new ranks",
-                             attempt + 1, str(exc).splitlines()[0])
-                    continue
-                failures.append(exc)
+            attempt = state.attempt
+            if state.starting:
+                size = self._attempt_size(attempt)
+                log.info("attempt %d of %s starts%s%s", attempt + 1, callable_name(main),
+                         f" on {size} ranks" if self.job.min_np is not None else "",
+                         f" ({len(state.failures)} of max_failures={max_failures} failed)"
+                         if max_failures else "")
                 if record is not None:
-                    attempts.failed(record, attempt, exc, timeout, self._undelivered_root())
-                if decision is Decision.GIVE_UP:
-                    if len(failures) == 1:
-                        raise
-                    raise RetriesExhaustedError(failures) from exc
-                log.warning(
-                    "mlflow_hvd: attempt %d failed (%s; %d of max_failures=%d); restarting "
-                    "the job%s", attempt + 1, str(exc).splitlines()[0], len(failures),
-                    max_failures, " from its latest checkpoint" if target is not None else "",
-                )
-                attempt, reruns = attempt + 1, 0
+                    attempts.started(record, attempt, size, timeout, self._undelivered_root())
+            job = self._job(main, code, target, attempt, size, settings, hooks, feed)
+            try:
+                result = self._pool.run(job, sys.stdout)
+            except (WorkerFailedError, BackendError) as exc:
+                decision = state.failed(exc)
+                error: BaseException = exc
+            else:
+                if not isinstance(result, GrowingBack):
+                    return cloudpickle.loads(result)
+                decision = state.grew()
+            match decision:
+                case Decision.GROW:
+                    pass  # the next attempt, on np ranks (elastic.py said why)
+                case Decision.RERUN:
+                    log.info("attempt %d never ran (%s); running it on new ranks",
+                             attempt + 1, str(error).splitlines()[0])
+                case Decision.RESTART | Decision.GIVE_UP:
+                    if record is not None:
+                        attempts.failed(record, attempt, error, timeout,
+                                        self._undelivered_root())
+                    if decision is Decision.GIVE_UP:
+                        if len(state.failures) == 1:
+                            raise error
+                        raise RetriesExhaustedError(state.failures) from error
+                    log.warning(
+                        "mlflow_hvd: attempt %d failed (%s; %d of max_failures=%d); "
+                        "restarting the job%s", attempt + 1, str(error).splitlines()[0],
+                        len(state.failures), max_failures,
+                        " from its latest checkpoint" if target is not None else "")
+                case _ as unknown:
+                    assert_never(unknown)
 
     def _attempt_size(self, attempt: int) -> int:
         """How many ranks ``attempt`` runs on: ``|np|``, or for an elastic job as many as

@@ -25,7 +25,9 @@ def run_job(backend: Backend, job: Job, driver_host: str = "127.0.0.1",
     every server and rank is gone when it returns or raises."""
     pool = RankPool(lambda _feed, _np: (backend, driver_host), warm=False)
     try:
-        return pool.run(job, out or sys.stdout)
+        value = pool.run(job, out or sys.stdout)
+        assert isinstance(value, bytes), f"the job ended for a restart: {value}"
+        return value
     finally:
         pool.close()
 

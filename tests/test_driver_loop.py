@@ -119,6 +119,36 @@ def _until_stopped(sink: Sink, stop: threading.Event, rank: int) -> None:
     sink(WorkerExited(rank, "h", -15, time.time(), stopped=True))
 
 
+def test_a_job_whose_missing_slots_are_back_ends_for_a_restart_not_a_failure() -> None:
+    """The elastic controller's restart event, set while the job runs, ends the job with
+    GrowingBack (a value, not an exception): its ranks are stopped and the backend closed."""
+    import dataclasses
+
+    from mlflow_hvd.driver import RankPool
+    from mlflow_hvd.driver.supervisor import GrowingBack
+
+    restart = threading.Event()
+
+    def script(sink: Sink, stop: threading.Event) -> None:
+        for rank in (0, 1):
+            sink(WorkerStarted(rank, "h"))
+        restart.set()  # the controller planned the restart at a checkpoint
+        for rank in (0, 1):
+            _until_stopped(sink, stop, rank)
+
+    backend = FakeBackend(script)
+    pool = RankPool(lambda _feed, _np: (backend, "127.0.0.1"), warm=False)
+    job = dataclasses.replace(Job(2, b"", settings(), "test"), restart=restart)
+    try:
+        ended = pool.run(job, io.StringIO())
+    finally:
+        pool.close()
+    if backend.error is not None:
+        raise backend.error
+    assert ended == GrowingBack(job.job_id)
+    assert backend.stopped_by_driver and backend.closed
+
+
 def test_success_returns_rank0_value_and_closes_backend() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
         _ok(sink, 1)
@@ -301,6 +331,28 @@ def test_spark_errors_are_summarised_to_their_cause() -> None:
     )
     assert summarize_spark_error(RuntimeError("x\n  ValueError: boom\n")) == "ValueError: boom"
     assert summarize_spark_error(RuntimeError("just this")) == "RuntimeError: just this"
+
+
+def test_a_task_error_is_recognised_by_its_class_not_its_words() -> None:
+    """The Connect hint follows a task's ChannelError, found by the class its traceback names
+    (a ChannelError of other words too; another error with the same words not)."""
+    from mlflow_hvd.backends.spark.failures import task_raised
+    from mlflow_hvd.errors import AuthenticationError, ChannelError
+
+    trace = ("An exception was thrown from the Python worker.\n"
+             "Traceback (most recent call last):\n"
+             "ConnectionRefusedError: [Errno 111] Connection refused\n\n"
+             "The above exception was the direct cause of the following exception:\n\n"
+             "mlflow_hvd.errors.ChannelError: {}\n"
+             "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException")
+    assert task_raised(RuntimeError(trace.format("cannot reach the mlflow_hvd driver")),
+                       ChannelError)
+    assert task_raised(RuntimeError(trace.format("other words")), ChannelError)
+    assert task_raised(RuntimeError("ChannelError: short name"), ChannelError)
+    assert not task_raised(RuntimeError(
+        "ValueError: cannot reach the mlflow_hvd driver at 10.0.0.1:5"), ChannelError)
+    assert not task_raised(RuntimeError(trace.format("x")), AuthenticationError)
+    assert not task_raised(RuntimeError("no python error here"), ChannelError)
 
 
 def test_all_exit_zero_without_result_is_an_error() -> None:

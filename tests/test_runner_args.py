@@ -190,3 +190,121 @@ def test_a_session_shipping_an_environment_gets_the_unpacking_allowance_too(
     finally:
         hung.set()
     assert shipped == [str(archive)]
+
+
+def _stop_soon(runner: HorovodRunner, after: float = 0.3) -> threading.Timer:
+    timer = threading.Timer(after, runner.stop)
+    timer.start()
+    return timer
+
+
+def test_stop_ends_the_wait_for_a_booting_session_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HorovodRunner.stop() reaches the start phases too: a SparkSession that is still
+    booting (start_timeout far away) is given up on within a fraction of a second."""
+    import time
+
+    from mlflow_hvd.backends.spark import session
+    from mlflow_hvd.errors import JobStopped
+
+    hung = threading.Event()
+    monkeypatch.setattr(session, "resolve_master", lambda np, master, timeout: (None, "local[2]"))
+    monkeypatch.setattr(session, "new_session", lambda master, archive: hung.wait(60))
+    runner = HorovodRunner(np=2, job=JobConfig(start_timeout=120),
+                           tracking=TrackingConfig(track=False))
+    timer = _stop_soon(runner)
+    started = time.monotonic()
+    try:
+        with pytest.raises(JobStopped, match=r"^stopped while starting the SparkSession, "
+                                             r"after 0\.\ds \(HorovodRunner\.stop\)$"):
+            runner.run(workers.echo)
+        assert time.monotonic() - started < 2
+    finally:
+        hung.set()
+        timer.join()
+
+
+def test_stop_ends_packing_the_environment_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packing the venv for the executors (a minute or more) is a phase stop() ends."""
+    import time
+
+    from mlflow_hvd.backends.spark import boot, session
+    from mlflow_hvd.errors import JobStopped
+
+    hung = threading.Event()
+    monkeypatch.setattr(session, "resolve_master",
+                        lambda np, master, timeout: (None, "spark://m:7077"))
+    monkeypatch.setattr(boot, "archive_of", lambda ship: str(hung.wait(60)))
+    runner = HorovodRunner(np=2, cluster=ClusterConfig(ship_environment=True),
+                           tracking=TrackingConfig(track=False))
+    timer = _stop_soon(runner)
+    started = time.monotonic()
+    try:
+        with pytest.raises(JobStopped,
+                           match=r"^stopped while packing the environment for the executors"):
+            runner.run(workers.echo)
+        assert time.monotonic() - started < 2
+    finally:
+        hung.set()
+        timer.join()
+
+
+def test_feeding_dataframes_to_local_ranks_is_a_phase_with_a_deadline_and_a_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """np < 0 writes the job's DataFrames on the driver before any rank starts: stopped at
+    once by the runner's stop request, and bounded by start_timeout without progress (a
+    feed that keeps progressing is not cut short)."""
+    import time
+
+    from mlflow_hvd.backends import local
+    from mlflow_hvd.common.phases import PhaseTimeout, Progress
+    from mlflow_hvd.errors import JobStopped
+    from mlflow_hvd.protocol.feed import FeedSpec
+    from mlflow_hvd.protocol.job import JobSpec
+
+    spec = JobSpec(np=2, payload=b"", secret=b"s" * 32, driver_host="127.0.0.1",
+                   channel_port=1, rendezvous_port=1, job_id="j", description="d",
+                   channel_timeout=1.0, max_line_bytes=100, stop_grace=1.0, gloo_iface=None,
+                   pooled=False, log_level="", idle_timeout=1.0, horovod_env=(),
+                   gpu_resource="gpu", feed=FeedSpec(()))
+    release = threading.Event()
+
+    def stalled(spec: object, frame: object, np: int, owned: object,
+                progress: Progress | None = None) -> object:
+        release.wait(30)
+        raise RuntimeError("released")
+
+    def progressing(spec: object, frame: object, np: int, owned: object,
+                    progress: Progress | None = None) -> object:
+        assert progress is not None
+        ticks = 0
+        # a chunk every 0.1 s for 1.2 s: longer than the 0.5 s limit, never 0.5 s without one
+        while not release.wait(0.1) and ticks < 12:
+            progress.tick()
+            ticks += 1
+        raise RuntimeError(f"fed {ticks} chunks")
+
+    try:
+        monkeypatch.setattr(local, "feed_locally", stalled)
+        stop = threading.Event()
+        backend = local.LocalBackend(frame=object(), stop=stop, feed_timeout=60)
+        threading.Timer(0.3, stop.set).start()
+        started = time.monotonic()
+        with pytest.raises(JobStopped, match=r"^stopped while writing the DataFrames for "
+                                             r"the ranks, after 0\.\ds"):
+            backend.start(spec, lambda message: None)
+        assert time.monotonic() - started < 2
+
+        backend = local.LocalBackend(frame=object(), stop=threading.Event(), feed_timeout=0.5)
+        with pytest.raises(PhaseTimeout, match=r"^writing the DataFrames for the ranks did "
+                           r"not end within 0\.5s \(start_timeout, without progress\)"):
+            backend.start(spec, lambda message: None)
+
+        monkeypatch.setattr(local, "feed_locally", progressing)
+        backend = local.LocalBackend(frame=object(), stop=threading.Event(), feed_timeout=0.5)
+        with pytest.raises(RuntimeError, match="^fed 12 chunks$"):
+            backend.start(spec, lambda message: None)
+    finally:
+        release.set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -451,3 +452,45 @@ def test_a_rank_started_before_its_shard_was_written_waits_for_it_on_first_use(
     waiting = resolve({"train": ShardArg("train")}, str(failed / MANIFEST_FILE))
     with pytest.raises(FeedNotDelivered, match="column 'y' has null values"):
         settle(waiting)
+
+
+def test_a_rank_waiting_for_its_shards_stops_when_its_task_or_the_driver_is_gone(
+        tmp_path: Path) -> None:
+    """The wait for the manifest has bounds of its own: the task's directory removed (the
+    task ended), or the driver's connection closed (the driver ended: on Spark Connect the
+    stage may outlive the client) ends it with FeedNotDelivered within about a second."""
+    from mlflow_hvd.driver.channel_server import ChannelServer
+    from mlflow_hvd.protocol.channel import ChannelClient
+    from mlflow_hvd.protocol.feed import MANIFEST_FILE
+    from mlflow_hvd.rank import context
+    from mlflow_hvd.rank.shard import FeedNotDelivered, settle
+
+    gone = tmp_path / "removed"
+    gone.mkdir()
+    waiting = resolve({"train": ShardArg("train")}, str(gone / MANIFEST_FILE))
+    gone.rmdir()
+    with pytest.raises(FeedNotDelivered, match="their task ended before writing them"):
+        settle(waiting)
+
+    secret = b"s" * 32
+    server = ChannelServer(secret, lambda message: None, bind_host="127.0.0.1")
+    server.start()
+    client = ChannelClient("127.0.0.1", server.port, secret, timeout=5)
+    context.install(client, 1)
+    try:
+        assert not client.driver_gone()
+        directory = tmp_path / "task"
+        directory.mkdir()
+        waiting = resolve({"train": ShardArg("train")}, str(directory / MANIFEST_FILE))
+        threading_timer = threading.Timer(0.5, server.stop)
+        threading_timer.start()
+        started = time.monotonic()
+        with pytest.raises(FeedNotDelivered, match="driver closed this rank's connection"):
+            settle(waiting)
+        assert time.monotonic() - started < 5, "the driver's end was not noticed"
+        threading_timer.join()
+        assert client.driver_gone()
+    finally:
+        context._client = None
+        client.close()
+        server.stop()

@@ -11,7 +11,9 @@ from typing import Any
 from mlflow_hvd.agent import WorkerLaunch, run_worker, staged_payload, worker_launch
 from mlflow_hvd.backends.base import Backend, FrameSource
 from mlflow_hvd.backends.local_feed import feed_locally
+from mlflow_hvd.common.config import JobConfig
 from mlflow_hvd.common.layout import assign_slots
+from mlflow_hvd.common.phases import Phase, Progress, in_phase
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import LayoutReport, Sink
 
@@ -22,14 +24,20 @@ LOOPBACK = "127.0.0.1"
 class LocalBackend:
     """Runs every rank as a child process of the driver, one agent thread per rank.
 
-    Workers talk to the driver and to each other over loopback (Gloo on ``lo``).
+    Workers talk to the driver and to each other over loopback (Gloo on ``lo``). A job's
+    DataFrames are written for the ranks first (:data:`~mlflow_hvd.common.phases.Phase`
+    ``FEEDING``: ``feed_timeout`` seconds without progress at most, ended by ``stop``).
     """
 
     name = "local"
 
-    def __init__(self, python: str | None = None, frame: Any = None) -> None:
+    def __init__(self, python: str | None = None, frame: Any = None,
+                 stop: threading.Event | None = None, feed_timeout: float | None = None
+                 ) -> None:
         self._python = python
         self._frame = frame  # the job's DataFrames in |np| partitions (None: no data)
+        self._asked_to_stop = stop  # the runner's stop request
+        self._feed_timeout = feed_timeout
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._staging = contextlib.ExitStack()
@@ -37,7 +45,11 @@ class LocalBackend:
     def start(self, job: JobSpec, sink: Sink) -> None:
         shards = [""] * job.np
         if job.feed is not None and self._frame is not None:
-            shards, split = feed_locally(job.feed, self._frame, job.np, self._staging)
+            progress = Progress()
+            shards, split = in_phase(Phase.FEEDING, feed_locally, job.feed, self._frame,
+                                     job.np, self._staging, progress, progress=progress,
+                                     limit=self._feed_timeout, option="start_timeout",
+                                     stop=self._asked_to_stop)
             sink(split)
         slots = assign_slots([LOCAL_HOST] * job.np)
         sink(LayoutReport(partition=0, slots=slots))
@@ -87,10 +99,14 @@ class LocalBackend:
 
 
 class LocalPlacement:
-    """``np < 0``: every generation is ``|np|`` processes on the driver."""
+    """``np < 0``: every generation is ``|np|`` processes on the driver (``job``: the
+    runner's options, ``start_timeout`` bounding the feed of DataFrames; ``stop``: the
+    runner's stop request)."""
 
-    def __init__(self, np: int) -> None:
-        self.np = np
+    def __init__(self, np: int, job: JobConfig | None = None,
+                 stop: threading.Event | None = None) -> None:
+        self.np, self.stop = np, stop
+        self.start_timeout = job.start_timeout if job is not None else None
 
     def new_run(self) -> None:
         pass
@@ -112,4 +128,5 @@ class LocalPlacement:
 
     def backend(self, feed: FrameSource | None, np: int) -> tuple[Backend, str]:
         frame = feed.fed_frame(np) if feed is not None else None
-        return LocalBackend(frame=frame), "127.0.0.1"
+        return (LocalBackend(frame=frame, stop=self.stop, feed_timeout=self.start_timeout),
+                "127.0.0.1")

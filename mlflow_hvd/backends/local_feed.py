@@ -12,6 +12,7 @@ from typing import Any
 
 from mlflow_hvd.agent.feed import agree, feed_partition, manifest
 from mlflow_hvd.common import scratch
+from mlflow_hvd.common.phases import Progress
 from mlflow_hvd.protocol.feed import FeedSpec
 from mlflow_hvd.protocol.messages import FeedAgreed
 
@@ -41,10 +42,17 @@ def _decoded(rows: Iterator[Any]) -> Iterator[Any]:
         yield from pa.ipc.open_stream(bytes(row["chunk"]))
 
 
-def feed_locally(spec: FeedSpec, frame: Any, np: int,
-                 owned: contextlib.ExitStack) -> tuple[list[str], FeedAgreed]:
+def _ticking(rows: Iterator[Any], progress: Progress) -> Iterator[Any]:
+    for row in rows:
+        progress.tick()
+        yield row
+
+
+def feed_locally(spec: FeedSpec, frame: Any, np: int, owned: contextlib.ExitStack,
+                 progress: Progress | None = None) -> tuple[list[str], FeedAgreed]:
     """Write ``frame``'s ``np`` partitions to ``np`` new scratch directories (removed when
     ``owned`` closes); returns each rank's manifest path, in rank order, and the split.
+    ``progress`` is ticked at every chunk read.
 
     Raises:
         DataInputError: As :func:`mlflow_hvd.agent.feed.agree` (nulls, lengths, no rows).
@@ -53,6 +61,8 @@ def feed_locally(spec: FeedSpec, frame: Any, np: int,
     directories = [owned.enter_context(scratch.owned_dir("feed")) for _ in range(np)]
     reports = {}
     rows = frame.mapInArrow(_encode, CHUNK_SCHEMA).toLocalIterator()
+    if progress is not None:
+        rows = _ticking(rows, progress)
     for partition, group in itertools.groupby(rows, key=lambda row: row["partition"]):
         reports[partition] = feed_partition(spec, partition, _decoded(group),
                                             directories[partition])

@@ -77,13 +77,26 @@ def _check_handshake(sock: socket.socket, secret: bytes) -> None:
     sock.settimeout(None)  # idle between frames is allowed; stop() closes the socket
 
 
+def departure(message: object) -> RankDisconnected | TaskDisconnected | None:
+    """What the end of a connection that sent ``message`` tells the driver (its first
+    message that says whose it is): a rank's process announces itself (``WorkerStarted``),
+    a Spark task its layout; any other connection (a thread's own) ends meaning nothing."""
+    match message:
+        case WorkerStarted(rank=rank):
+            return RankDisconnected(rank)
+        case LayoutReport(partition=partition):
+            return TaskDisconnected(partition)
+        case _:
+            return None
+
+
 class _Handler(socketserver.BaseRequestHandler):
     server: _TCPServer
 
     def handle(self) -> None:
         sock: socket.socket = self.request
-        rank: int | None = None  # this connection is a rank's own process
-        partition: int | None = None  # ... or the Spark task of this partition
+        # what the connection's end means: the rank or task it turned out to belong to
+        gone: RankDisconnected | TaskDisconnected | None = None
         self.server.track(sock, True)
         try:
             try:
@@ -106,31 +119,24 @@ class _Handler(socketserver.BaseRequestHandler):
                 except OSError:
                     return
                 self.server.count(connection=False)
-                if rank is None and partition is None:
-                    if isinstance(message, WorkerStarted):
-                        rank = message.rank
-                    elif isinstance(message, LayoutReport):
-                        partition = message.partition
-                if isinstance(message, Request):
-                    answer = ACK_REPLY + encode_frame(self.server.secret, self._answer(message))
-                else:
-                    answer = ACK_OK
-                    try:
-                        self.server.on_message(message)
-                    except Exception:  # the driver's handler must not kill this thread
-                        log.exception("driver failed to handle %r", type(message).__name__)
+                gone = gone or departure(message)
+                match message:
+                    case Request():
+                        answer = ACK_REPLY + encode_frame(self.server.secret,
+                                                          self._answer(message))
+                    case _:
+                        answer = ACK_OK
+                        try:
+                            self.server.on_message(message)
+                        except Exception:  # the driver's handler must not kill this thread
+                            log.exception("driver failed to handle %r", type(message).__name__)
                 try:
                     sock.sendall(answer)
                 except OSError:
                     return
         finally:
             self.server.track(sock, False)
-            gone: object = None  # the process is gone (or closed its channel)
-            if rank is not None:
-                gone = RankDisconnected(rank)
-            elif partition is not None:
-                gone = TaskDisconnected(partition)
-            if gone is not None:
+            if gone is not None:  # the process is gone (or closed its channel)
                 try:
                     self.server.on_message(gone)
                 except Exception:  # the driver's handler must not kill this thread

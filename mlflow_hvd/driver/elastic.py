@@ -4,13 +4,14 @@
 While an attempt runs on fewer ranks than ``np`` (a host was lost), a controller thread of
 its own looks every ``grow_interval`` whether the missing slots are back (on Spark Connect a
 look runs probe stages: seconds). Rank 0's writes to the run are watched: when one of them
-commits a resumable checkpoint (the run's latest-checkpoint tag, written in one call with the
-epoch's metrics) after a look found the slots back, the driver writes the records up to and
-including that checkpoint, plans a restart (:class:`GrowBack`'s ``restart`` event, which the
-driver loop turns into :class:`~mlflow_hvd.driver.supervisor.RestartPlanned`) and answers
-every later write of the attempt without writing it: what rank 0 logs after the checkpoint
-belongs to work the next attempt, on ``np`` ranks from that checkpoint, does again. No
-epoch is lost, none is logged twice, and no write of rank 0 waits for a look.
+commits a resumable checkpoint (the run's latest-checkpoint tag, written in one call with
+the epoch's metrics) after a look found the slots back, the driver writes the records up to
+and including that checkpoint and plans a restart (:class:`GrowBack`'s ``restart`` event:
+the driver loop then ends the job with :class:`~mlflow_hvd.driver.supervisor.GrowingBack`,
+and the runner's attempts go on with ``Decision.GROW``). Every later write of the attempt
+is answered without being written: what rank 0 logs after the checkpoint belongs to work
+the next attempt, on ``np`` ranks from that checkpoint, does again. No epoch is lost, none
+is logged twice, and no write of rank 0 waits for a look.
 
 Growing back needs checkpoints in the job's run: a job that does not track
 (``TrackingConfig(track=False)``) shrinks but never grows back (the runner says so).

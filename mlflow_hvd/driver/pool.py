@@ -24,7 +24,7 @@ from mlflow_hvd.common.deadline import Deadline
 from mlflow_hvd.driver.feed import Feed
 from mlflow_hvd.driver.generation import Generation
 from mlflow_hvd.driver.job import Job
-from mlflow_hvd.driver.supervisor import JobRecord, supervise
+from mlflow_hvd.driver.supervisor import GrowingBack, JobRecord, supervise
 from mlflow_hvd.errors import BackendError, JobNotStartedError, JobStopped, WorkerFailedError
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,11 @@ class RankPool:
         self._live: Generation | None = None
         self.generations = 0  # how many sets of ranks were started (1 + replacements)
 
-    def run(self, job: Job, out: TextIO) -> bytes:
+    def run(self, job: Job, out: TextIO) -> bytes | GrowingBack:
         """Run ``job`` on the pool's ranks (starting them if needed) and return rank 0's
-        cloudpickled value. A failed job ends the generation; the next run starts anew.
+        cloudpickled value, or :class:`GrowingBack` when the job ended for a planned restart
+        on more ranks. A job that did not succeed ends the generation; the next run starts
+        anew.
 
         A warm rank that dies while idle is replaced: found before the hand-out (its exit is
         already reported), the job runs on a new generation at once; found after it (the
@@ -96,7 +98,7 @@ class RankPool:
                     f"but before starting it: {exc.root_cause.host} rank {exc.rank} "
                     f"({exc.root_cause.describe_exit()})"
                 ) from exc
-            succeeded = True
+            succeeded = not isinstance(value, GrowingBack)
             return value
         finally:
             if job.grow is not None:

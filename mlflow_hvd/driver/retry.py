@@ -16,7 +16,8 @@ attempts too, and no failures.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import assert_never
 
 from mlflow_hvd.errors import BackendError, JobNotStartedError, WorkerFailedError
 
@@ -24,8 +25,11 @@ RERUNS_PER_ATTEMPT = 1  # a job that never ran is run again at most this often
 
 
 class Decision(enum.Enum):
+    """What follows an attempt that did not return a value."""
+
     RERUN = "rerun"  # the job never ran: again, on new ranks, the same attempt
-    RESTART = "restart"  # a new attempt
+    RESTART = "restart"  # it failed: a new attempt
+    GROW = "grow back"  # its missing slots are back: a new attempt on np ranks, no failure
     GIVE_UP = "give up"  # raise
 
 
@@ -45,3 +49,48 @@ class RetryPolicy:
         if isinstance(error, WorkerFailedError | BackendError) and failed < self.max_failures:
             return Decision.RESTART
         return Decision.GIVE_UP
+
+
+@dataclass
+class Attempts:
+    """Where one ``run``'s attempts stand, moved only by :meth:`failed` and :meth:`grew`
+    (the one place their counters change).
+
+    Attributes:
+        attempt: The attempt that runs next (0: the first).
+        reruns: How often this attempt was run again because it never started.
+        failures: The errors of the attempts that failed, in order.
+    """
+
+    policy: RetryPolicy
+    attempt: int = 0
+    reruns: int = 0
+    failures: list[BaseException] = field(default_factory=list)
+
+    @property
+    def starting(self) -> bool:
+        """The next run starts a new attempt (not one that never started, run again)."""
+        return self.reruns == 0
+
+    def failed(self, error: BaseException) -> Decision:
+        """The attempt ended with ``error``: the policy's decision, applied."""
+        decision = self.policy.decide(error, len(self.failures), self.reruns)
+        match decision:
+            case Decision.RERUN:
+                self.reruns += 1
+            case Decision.RESTART:
+                self.failures.append(error)
+                self.attempt, self.reruns = self.attempt + 1, 0
+            case Decision.GIVE_UP:
+                self.failures.append(error)
+            case Decision.GROW:  # never decided for an error
+                raise AssertionError(decision)
+            case _ as unknown:
+                assert_never(unknown)
+        return decision
+
+    def grew(self) -> Decision:
+        """The attempt ended for a planned restart on more ranks: the next attempt, no
+        failure."""
+        self.attempt, self.reruns = self.attempt + 1, 0
+        return Decision.GROW

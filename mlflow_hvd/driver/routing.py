@@ -115,18 +115,26 @@ def request_router(
     """Who answers each request: rank 0's tracking writes and epoch reports go to
     ``on_tracking_write``, a Spark task's layout to ``on_layout``, rank 0's request for the
     driver's MLflow client settings to ``on_credentials``, a warm rank's request for the
-    next job to ``on_await_job``; anything else is :class:`Unanswered`."""
+    next job to ``on_await_job`` (one match over :data:`~mlflow_hvd.protocol.messages
+    .DriverRequest`); anything else is :class:`Unanswered`, and an unknown kind is logged as
+    an error (the peer runs another version of mlflow_hvd)."""
 
     def on_request(request: object) -> object:
-        if isinstance(request, TrackingWrite | EpochReport):
-            return on_tracking_write(request)
-        if isinstance(request, LayoutReport):
-            return on_layout(request)
-        if isinstance(request, AskCredentials):
-            return on_credentials(request)
-        if isinstance(request, AwaitJob) and on_await_job is not None:
-            return on_await_job(request)
-        return Unanswered(f"this driver does not answer {type(request).__name__}")
+        match request:
+            case TrackingWrite() | EpochReport():
+                return on_tracking_write(request)
+            case LayoutReport():
+                return on_layout(request)
+            case AskCredentials():
+                return on_credentials(request)
+            case AwaitJob() if on_await_job is not None:
+                return on_await_job(request)
+            case AwaitJob():  # a generation that keeps no ranks warm has no next job
+                return Unanswered("this driver does not answer AwaitJob")
+            case _:
+                log.error("a rank or task sent a request this driver does not know (%s): "
+                          "it runs another version of mlflow_hvd", type(request).__name__)
+                return Unanswered(f"this driver does not answer {type(request).__name__}")
 
     return on_request
 

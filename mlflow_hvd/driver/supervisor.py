@@ -113,10 +113,12 @@ class JobState(enum.Enum):
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a job ended: rank 0's cloudpickled value, or the error that ends the job."""
+    """How a job ended: rank 0's cloudpickled value, the error that ends the job, or (``grow``)
+    for a planned restart on more ranks."""
 
     value: bytes | None = None
     error: MlflowHvdError | None = None
+    grow: bool = False
 
     def unwrap(self) -> bytes:
         """The value; raises the error."""
@@ -263,9 +265,13 @@ class JobRecord:
         )
 
 
-class RestartPlanned(Exception):
-    """The job's ``restart`` event was set: it ends here, to be restarted on more ranks
-    (:mod:`mlflow_hvd.driver.elastic`); the caller stops its ranks."""
+@dataclass(frozen=True)
+class GrowingBack:
+    """How a job ends when its ``restart`` event was set while it ran (the missing slots
+    are back, :mod:`mlflow_hvd.driver.elastic`): for a planned restart on more ranks, not
+    a failure; the caller stops its ranks and starts the next attempt."""
+
+    job_id: str
 
 
 def supervise(
@@ -276,21 +282,25 @@ def supervise(
     out: TextIO,
     stop: threading.Event,
     restart: threading.Event | None = None,
-) -> bytes:
+) -> bytes | GrowingBack:
     """Run the loop until every rank exited or a deadline ends the job.
 
     Returns:
-        Rank 0's cloudpickled return value.
+        Rank 0's cloudpickled return value, or :class:`GrowingBack` once ``restart`` was
+        set while the job ran (the caller stops the ranks).
 
     Raises:
         WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError.
         JobStopped: ``stop`` was set (the caller stops the ranks, as on Ctrl-C).
-        RestartPlanned: ``restart`` was set (the caller stops the ranks).
     """
     outcome = watch(job, events, backend, settings, out, stop, restart)
     log.info("job %s: %s after %.1fs", job.job_id,
-             "succeeded" if outcome.error is None else f"ended by {type(outcome.error).__name__}",
+             "ends for a restart on more ranks" if outcome.grow
+             else "succeeded" if outcome.error is None
+             else f"ended by {type(outcome.error).__name__}",
              time.monotonic() - job.t0)
+    if outcome.grow:
+        return GrowingBack(job.job_id)
     return outcome.unwrap()
 
 
@@ -305,8 +315,8 @@ def watch(
 ) -> Outcome:
     """The loop: consume messages until every rank exited, a deadline passed or the job
     failed and its ranks are down; never raises for the job's own failures, only
-    :class:`JobStopped` once ``stop`` is set and :class:`RestartPlanned` once ``restart``
-    is (each checked every 0.1 s)."""
+    :class:`JobStopped` once ``stop`` is set; ends with ``Outcome(grow=True)`` once
+    ``restart`` is (each checked every 0.1 s)."""
     t0 = job.t0
     wind_down = settings.stop_grace + settings.report_grace
     aborted: MlflowHvdError | None = None
@@ -314,7 +324,7 @@ def watch(
         if stop.is_set():
             raise JobStopped(f"job {job.job_id} was stopped (HorovodRunner.stop)")
         if restart is not None and restart.is_set() and job.state is JobState.RUNNING:
-            raise RestartPlanned(f"job {job.job_id} restarts on more ranks")
+            return Outcome(grow=True)
         now = time.monotonic()
         if job.state is JobState.RUNNING:
             error = _check_running(job, backend, settings, now - t0, now)

@@ -26,6 +26,7 @@ import hmac
 import logging
 import pickle
 import random
+import select
 import socket
 import struct
 import threading
@@ -241,6 +242,21 @@ class ChannelClient:
         connection open until it too is gone (how the driver learns a Spark task's worker
         ended even when the task was killed first)."""
         return self._sock.fileno()
+
+    def driver_gone(self) -> bool:
+        """Whether the driver closed this connection (its process ended): the socket reads
+        as closed. Never waits; False while another thread sends (that send learns it)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            if not readable:  # open, nothing to read: the driver is there
+                return False
+            return self._sock.recv(1, socket.MSG_PEEK) == b""  # readable: does not wait
+        except OSError:  # reset, or closed here: gone
+            return True
+        finally:
+            self._lock.release()
 
     def another(self) -> ChannelClient:
         """A new connection to the same driver, with the same secret and timeout.

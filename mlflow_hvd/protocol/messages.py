@@ -414,5 +414,9 @@ Message = (
     | EnvironmentMismatch
 )
 
+DriverRequest = LayoutReport | TrackingWrite | EpochReport | AskCredentials | AwaitJob
+"""Every :class:`Request` the driver answers (:func:`mlflow_hvd.driver.routing
+.request_router` matches each)."""
+
 Sink = Callable[[Message], None]
 """Where a backend or an agent delivers messages: the driver's queue, or the channel."""

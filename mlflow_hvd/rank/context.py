@@ -33,6 +33,13 @@ def connector() -> Callable[[], ChannelClient] | None:
     return None if client is None else client.another
 
 
+def driver_gone() -> bool:
+    """Whether the driver closed the worker's connection (False outside a worker): a wait
+    the driver bounds ends by itself when the driver is gone."""
+    client = _client
+    return client is not None and client.driver_gone()
+
+
 def attempt() -> int:
     """Which run of the job this is: 0 the first, k after k restarts
     (``HorovodRunner(job=JobConfig(max_failures=...))``). 0 outside a worker."""

@@ -32,6 +32,7 @@ from mlflow_hvd.protocol.feed import (
     ShardFile,
     load_manifest,
 )
+from mlflow_hvd.rank import context
 from mlflow_hvd.rank.passes import Pass, window_rows
 
 _DATASET_OPTIONS = ("label", "features", "shuffle", "seed", "window", "transform")
@@ -291,6 +292,7 @@ class FeedNotDelivered(Exception):
 
 
 WAIT_POLL = 0.05  # seconds between looks for the manifest
+DRIVER_LOOK_EVERY = 1.0  # seconds between looks whether the driver is still there
 
 
 def resolve(kwargs: dict[str, Any], manifest_path: str,
@@ -299,7 +301,10 @@ def resolve(kwargs: dict[str, Any], manifest_path: str,
 
     The rank may start while its task still writes the shards: a shard then waits for the
     manifest on first use (the wait is bounded by the driver, which ends the job when a
-    task's feed stops progressing; a failed feed raises :class:`FeedNotDelivered`).
+    task's feed stops progressing; a failed feed raises :class:`FeedNotDelivered`, as do
+    the task's directory removed and the driver's connection closed: a wait of the rank's
+    own ends when the driver is gone, as on Spark Connect, where the client's end need not
+    end the stage).
     ``on_load`` is called with each shard when it is first used.
 
     Raises:
@@ -397,10 +402,21 @@ class _Manifest:
     def _read(self) -> dict[str, ShardFile]:
         if self._files is None:
             failed = os.path.join(os.path.dirname(self.path), FEED_FAILED_FILE)
+            looked = time.monotonic()
             while not os.path.exists(self.path):
                 if os.path.exists(failed):
                     with open(failed) as f:
                         raise FeedNotDelivered(f.read())
+                if not os.path.isdir(os.path.dirname(self.path)):
+                    raise FeedNotDelivered(
+                        f"this rank's shards are gone: their task ended before writing them "
+                        f"({os.path.dirname(self.path)} removed)")
+                if time.monotonic() - looked > DRIVER_LOOK_EVERY:
+                    looked = time.monotonic()
+                    if context.driver_gone():
+                        raise FeedNotDelivered(
+                            "the mlflow_hvd driver closed this rank's connection while it "
+                            "waited for its shards: the job is over")
                 time.sleep(WAIT_POLL)
             with open(self.path) as f:
                 self._files = {s.argument: s for s in load_manifest(f.read())}

@@ -10,7 +10,7 @@ from mlflow_hvd.agent.spark_task import RESULT_SCHEMA, barrier_partition_task, b
 from mlflow_hvd.backends.spark.api import ConnectApi, SessionApi, session_api
 from mlflow_hvd.backends.spark.boot import archive_of
 from mlflow_hvd.backends.spark.environment import prepare_executors, ship_to_connect
-from mlflow_hvd.backends.spark.failures import summarize_spark_error
+from mlflow_hvd.backends.spark.failures import summarize_spark_error, task_raised
 from mlflow_hvd.backends.spark.session import (
     check_barrier_supported,
     check_executor_env,
@@ -19,6 +19,7 @@ from mlflow_hvd.backends.spark.session import (
     wait_for_slots,
 )
 from mlflow_hvd.common.config import ClusterConfig, JobConfig
+from mlflow_hvd.errors import ChannelError
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import BackendFinished, Sink
 
@@ -93,8 +94,7 @@ class SparkBackend:
             error = stopped_message(self._api, "ran its barrier stage") or summarize_spark_error(
                 exc, job.environment, connect=isinstance(self._api, ConnectApi),
                 removed=self._api.removed_executors())
-            if (isinstance(self._api, ConnectApi)
-                    and "cannot reach the mlflow_hvd driver at " in error):
+            if isinstance(self._api, ConnectApi) and task_raised(exc, ChannelError):
                 error += (
                     f" On Spark Connect that driver is this client process, at "
                     f"{job.driver_host} (its address on the route to the Connect server "

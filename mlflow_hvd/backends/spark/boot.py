@@ -14,11 +14,11 @@ import shutil
 import sys
 import threading
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from mlflow_hvd.common.config import ClusterConfig
-from mlflow_hvd.errors import BackendError, ConfigurationError, EnvironmentArchiveError
+from mlflow_hvd.common.phases import Phase, PhaseTimeout, in_phase
+from mlflow_hvd.errors import ConfigurationError, EnvironmentArchiveError
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,14 @@ class SessionBoot:
         cluster: ``HorovodRunner(cluster=...)``: the master, and the environment shipped
             with the session.
         probe_timeout: Seconds a standalone master gets to accept a connection.
+        stop: The runner's stop request: packing and the wait for the session end at once
+            when it is set (:mod:`mlflow_hvd.common.phases`).
     """
 
-    def __init__(self, np: int, cluster: ClusterConfig, probe_timeout: float) -> None:
+    def __init__(self, np: int, cluster: ClusterConfig, probe_timeout: float,
+                 stop: threading.Event | None = None) -> None:
         self.np, self.spark_master, self.probe_timeout = np, cluster.spark_master, probe_timeout
+        self.stop = stop
         self.ship_environment = cluster.ship_environment
         # a shipped archive is unpacked by the driver too while its context starts
         self.environment_timeout = cluster.environment_timeout
@@ -71,7 +75,9 @@ class SessionBoot:
             return
         from mlflow_hvd.backends.spark.session import new_session
 
-        archive = environment_archive(self.ship_environment, master)
+        archive = in_phase(Phase.PACKING, environment_archive, self.ship_environment, master,
+                           limit=self.environment_timeout,
+                           option="ClusterConfig(environment_timeout)", stop=self.stop)
         if archive is not None:
             check_room_to_unpack(archive, spark_local_dir())
         self._unpacking = archive is not None
@@ -91,7 +97,8 @@ class SessionBoot:
         ``timeout`` seconds, ``start_timeout``).
 
         Raises:
-            BackendError: The session did not start in time.
+            PhaseTimeout: The session did not start in time (a BackendError).
+            JobStopped: The runner was asked to stop meanwhile.
             Exception: Whatever starting the session raised.
         """
         self.start()
@@ -102,13 +109,14 @@ class SessionBoot:
         # context is up: a shipped environment's gigabytes get their own allowance
         extra = self.environment_timeout if self._unpacking else 0.0
         try:
-            session = booting.result(timeout=timeout + extra)
+            session = in_phase(Phase.BOOTING, booting.result, limit=timeout + extra,
+                               option="start_timeout", stop=self.stop)
             self._chosen = (session, self.choice()[1])  # active from now on
             return session
-        except FutureTimeout:
+        except PhaseTimeout:
             allowance = (f" + {extra:g}s (environment_timeout: Spark unpacks the shipped "
                          "environment on the driver too)" if extra else "")
-            raise BackendError(
+            raise PhaseTimeout(
                 f"the SparkSession on {self.choice()[1]} did not start within {timeout:g}s "
                 f"(start_timeout){allowance}: Spark's JVM is hung or very slow to start; "
                 "check JAVA_HOME and Spark's driver log, or raise start_timeout"

@@ -37,12 +37,7 @@ def _summary(exc: BaseException, shipped: EnvironmentFingerprint | None,
         return _interpreter_missing(missing.group(1), shipped)
     if shipped is None and "No module named 'mlflow_hvd'" in text:
         return _connect_python() if connect else _other_python()
-    python_errors = [
-        line.strip()
-        for line in text.splitlines()
-        if re.match(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", line)
-        and not line.strip().startswith(("at ", "org.apache", "py4j", "java."))
-    ]
+    python_errors = _python_errors(text)
     if python_errors:
         return python_errors[-1]
     for line in text.splitlines():  # why Spark gave up, e.g. a lost executor or worker
@@ -51,6 +46,30 @@ def _summary(exc: BaseException, shipped: EnvironmentFingerprint | None,
             return line[at:].strip()[:1000]
     first = text.strip().splitlines()[0] if text.strip() else ""
     return f"{type(exc).__name__}: {first}"
+
+
+_PYTHON_ERROR = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit))\b.*:")
+
+
+def _python_errors(text: str) -> list[str]:
+    """The lines of ``text`` that state a Python error (``ValueError: ...``), not Java's."""
+    return [line.strip() for line in text.splitlines()
+            if _PYTHON_ERROR.match(line)
+            and not line.strip().startswith(("at ", "org.apache", "py4j", "java."))]
+
+
+def task_raised(exc: BaseException, error: type[BaseException]) -> bool:
+    """Whether the Python error a failed task raised (the last one its traceback states, as
+    :func:`_summary` shows it) is of class ``error``: the class crosses from the executor as
+    its name only, matched here against the class's own (qualified or not), never against
+    the words of its message."""
+    errors = _python_errors(str(exc))
+    if not errors:
+        return False
+    match = _PYTHON_ERROR.match(errors[-1])
+    assert match is not None  # every line _python_errors keeps matches
+    name = match.group(1)
+    return name in (error.__name__, f"{error.__module__}.{error.__qualname__}")
 
 
 # what a full disk leaves in an executor's removal reason: the OS's words, or tar's short

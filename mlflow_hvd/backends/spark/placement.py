@@ -25,7 +25,7 @@ class SparkPlacement:
                  stop: threading.Event | None = None) -> None:
         self.np, self.spark, self.job, self.cluster = np, spark, job, cluster
         self.stop = stop  # the runner's stop request, for the backend's waits
-        self._boot = SessionBoot(np, cluster, job.slot_timeout)
+        self._boot = SessionBoot(np, cluster, job.slot_timeout, stop)
 
     def new_run(self) -> None:
         self._boot.new_run()  # the master is resolved once per run

@@ -13,13 +13,14 @@ from mlflow_hvd.backends.spark import jvm, private, removals
 from mlflow_hvd.backends.spark.api import SessionApi, active_session, run_stage, session_api
 from mlflow_hvd.backends.spark.failures import executors_not_started, summarize_spark_error
 from mlflow_hvd.backends.spark.master import AUTO, check_reachable, choose_master
+from mlflow_hvd.common import phases
 from mlflow_hvd.common.env_archive import fingerprint_of_archive, shipped_archive
 from mlflow_hvd.common.horovod_env import refuse_owned
+from mlflow_hvd.common.phases import Phase
 from mlflow_hvd.errors import (
     BackendError,
     ConfigurationError,
     InsufficientSlotsError,
-    JobStopped,
     SparkBarrierUnsupportedError,
 )
 from mlflow_hvd.protocol.environment import (
@@ -175,7 +176,7 @@ def wait_for_slots(api: SessionApi, np: int, timeout: float,
     ceiling = expected_slots(master, conf)
     while True:
         refuse_stopped(api, f"waited for {np} task slots")
-        refuse_asked_to_stop(stop, f"waiting for {np} task slots")
+        phases.refuse_stopped(stop, Phase.WAITING_FOR_SLOTS, f"waiting for {np} task slots")
         slots = api.task_slots()
         if slots is None:  # Spark Connect
             if ceiling is not None and ceiling >= np:
@@ -226,7 +227,8 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float,
     enough = np if ceiling is None else min(np, ceiling)
     while True:
         refuse_stopped(api, f"waited for {least} to {np} task slots")
-        refuse_asked_to_stop(stop, f"waiting for {least} to {np} task slots")
+        phases.refuse_stopped(stop, Phase.WAITING_FOR_SLOTS,
+                              f"waiting for {least} to {np} task slots")
         slots = api.task_slots() or 0
         if slots >= enough or time.monotonic() >= deadline:
             break
@@ -234,14 +236,6 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float,
     if slots >= least:
         return min(slots, np)
     raise InsufficientSlotsError(_elastic_message(api, np, least, slots, timeout, False))
-
-
-def refuse_asked_to_stop(stop: threading.Event | None, doing: str) -> None:
-    """Raise :class:`JobStopped` at once when the runner was asked to stop (``stop`` set:
-    ``HorovodRunner.stop()``, SIGTERM) while it was ``doing`` something before the job's
-    stage."""
-    if stop is not None and stop.is_set():
-        raise JobStopped(f"stopped while {doing} (HorovodRunner.stop)")
 
 
 def refuse_stopped(api: SessionApi, doing: str, cause: BaseException | None = None) -> None:

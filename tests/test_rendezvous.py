@@ -131,9 +131,11 @@ def test_a_driver_address_that_is_not_this_machines_listens_on_every_interface()
     """Behind NAT the address executors are told (spark.driver.host) is not one the driver
     can bind: the server listens on every interface instead, like the channel, and still
     answers only the layout's hosts."""
+    from mlflow_hvd.common.network import listen_address
     from mlflow_hvd.protocol.messages import LayoutReport, RankSlot
 
-    server = Rendezvous(2, "198.51.100.250")  # a documentation address nobody here has
+    # a documentation address nobody here has: the generation's choice is every interface
+    server = Rendezvous(2, listen_address("198.51.100.250"))
     try:
         assert server.on_layout(LayoutReport(0, (RankSlot("127.0.0.1", 0, 0, 0, 1, 1, 1),))) is None
         assert _call(server.port, "PUT", "/global/1", b"ok")[0] == 200

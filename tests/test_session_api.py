@@ -4,6 +4,7 @@ Connect client answers: the choices that need no server."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from mlflow_hvd.backends.spark.api import ConnectApi, is_local_address, route_source_or_loopback
+from mlflow_hvd.backends.spark.api import ConnectApi
+from mlflow_hvd.common.network import is_local_address, route_source_or_loopback
 from mlflow_hvd.errors import BackendError
 
 
@@ -50,6 +52,27 @@ def test_addresses_of_this_machine_and_routes() -> None:
         "localhost") == "127.0.0.1"
     # the route's own source address
     assert is_local_address(route_source_or_loopback("198.18.0.1"))
+    assert is_local_address("::1") or not socket.has_ipv6
+
+
+def test_a_generations_servers_listen_where_its_ranks_dial_or_everywhere_behind_nat() -> None:
+    """One choice for the channel, the rendezvous and the torch store: the driver's address
+    when it is this machine's, every interface when peers dial a NAT's address."""
+    from mlflow_hvd.common.network import listen_address
+    from mlflow_hvd.driver.generation import Generation
+
+    assert listen_address("127.0.0.1") == "127.0.0.1"
+    assert listen_address("198.18.0.1") == ""  # not here: a NAT's or a proxy's
+    for dialled, bound in (("127.0.0.1", "127.0.0.1"), ("198.18.0.1", "0.0.0.0")):
+        idle = SimpleNamespace(stop=lambda: None, close=lambda: None, wait=lambda t: True)
+        generation = Generation(2, idle, dialled, warm=False)  # type: ignore[arg-type]
+        try:
+            assert generation.bind_host == (dialled if bound != "0.0.0.0" else "")
+            assert generation.rendezvous._server.server_address[0] == bound
+            with socket.create_connection(("127.0.0.1", generation.port), timeout=5):
+                pass  # the channel listens where the ranks dial (loopback is here in both)
+        finally:
+            generation.close(stop_now=True)
 
 
 def test_a_configuration_snapshot_reads_like_spark_conf() -> None:
@@ -301,7 +324,7 @@ def test_a_wait_for_task_slots_ends_on_stop() -> None:
     from mlflow_hvd.backends.spark.session import wait_for_slots
     from mlflow_hvd.errors import JobStopped
 
-    api = SimpleNamespace(kind="classic", master=lambda: "spark://master:7077",
+    api = SimpleNamespace(kind="classic", remote=False, master=lambda: "spark://master:7077",
                           conf=lambda: {}, task_slots=lambda: 0, stopped=lambda: False)
     stop = threading.Event()
     timer = threading.Timer(0.3, stop.set)

@@ -15,11 +15,11 @@ import logging
 import queue
 import secrets
 import threading
-from collections.abc import Callable
 
 from mlflow_hvd.backends.base import Backend, JobSpec
 from mlflow_hvd.common import logs
 from mlflow_hvd.common.deadline import Deadline
+from mlflow_hvd.common.network import listen_address
 from mlflow_hvd.driver.channel_server import ChannelServer, ChannelStats
 from mlflow_hvd.driver.events import LoopEvent
 from mlflow_hvd.driver.job import Job
@@ -120,7 +120,9 @@ class Generation:
         self._idle: set[int] = set()  # ranks whose job ended since the last hand-out
         self._handed = 0  # jobs handed out after the first: a waiting rank's ticket
         ensure_open_files(np)
-        self.rendezvous = Rendezvous(np, driver_host,
+        # where the channel, the rendezvous and the torch store listen (one choice)
+        self.bind_host = listen_address(driver_host)
+        self.rendezvous = Rendezvous(np, self.bind_host,
                                      on_elastic=lambda: self.events.put(ElasticRefused()))
         self._route = message_router(
             self.events, self.rendezvous, self._undelivered, self.tasks, self._fed,
@@ -133,7 +135,7 @@ class Generation:
             self._await_job if warm else None)
         channel: ChannelServer | None = None
         try:
-            channel = open_channel(self.secret, self._route, driver_host, answer)
+            channel = ChannelServer(self.secret, self._route, self.bind_host, answer)
             self.port = channel.start()
         except BaseException:  # no channel, no job: the rendezvous server must not outlive it
             if channel is not None:
@@ -254,7 +256,7 @@ class Generation:
             self._torch = None
         if not torch_available():
             return 0
-        self._torch = TorchStore(self.driver_host)
+        self._torch = TorchStore(self.bind_host)
         return self._torch.port
 
     def _serve_torch(self) -> None:
@@ -329,18 +331,3 @@ def log_load(what: str, channel: ChannelStats, rendezvous: RendezvousStats) -> N
              what, channel.connections, channel.max_open, channel.messages,
              rendezvous.requests, rendezvous.seconds, rendezvous.not_found,
              rendezvous.refused, rendezvous.bytes_sent / 2**20)
-
-
-def open_channel(
-    secret: bytes,
-    on_message: Callable[[object], None],
-    driver_host: str,
-    on_request: Callable[[object], object] | None = None,
-) -> ChannelServer:
-    """The channel server, listening only where workers connect (loopback for local
-    processes); on every interface when ``driver_host`` is not an address of this host
-    (e.g. behind NAT)."""
-    try:
-        return ChannelServer(secret, on_message, driver_host, on_request)
-    except OSError:
-        return ChannelServer(secret, on_message, "", on_request)

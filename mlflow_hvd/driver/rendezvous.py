@@ -283,8 +283,9 @@ class Rendezvous:
     Args:
         size: The number of ranks. Each may hold one request while it waits for a key, so
             the server has a thread for each, and some for the requests that answer them.
-        bind_host: The address it listens on: the channel's (loopback for local ranks).
-            When it is not an address of this machine (behind NAT), every interface.
+        bind_host: The address it listens on: the channel's (loopback for local ranks;
+            ``""``, every interface, behind NAT: :func:`~mlflow_hvd.common.network
+            .listen_address`).
         on_elastic: Called when a rank starts Horovod elastic, before it is refused.
     """
 
@@ -294,10 +295,7 @@ class Rendezvous:
         # a local job's ranks are here; a Spark job's hosts are known from its layout
         admitted = LOOPBACK if _is_loopback(bind_host) else frozenset()
         handler = _handler_for(self._keys, on_elastic)
-        try:
-            self._server = _Server(handler, size + 16, bind_host, self._keys, admitted)
-        except OSError:
-            self._server = _Server(handler, size + 16, "", self._keys, admitted)
+        self._server = _Server(handler, size + 16, bind_host, self._keys, admitted)
         self._server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever,

@@ -47,11 +47,9 @@ class TorchStore:
 
     def __init__(self, host: str) -> None:
         self._lock = threading.Lock()
-        try:
-            listening = socket.create_server((host, 0), family=_family(host), backlog=BACKLOG)
-        except OSError:  # not an address of this host (e.g. behind NAT): as the channel does,
-            host = ""  # every interface
-            listening = socket.create_server((host, 0), backlog=BACKLOG)
+        # ``host``: where the generation's servers listen (network.listen_address: "" is
+        # every interface, behind NAT)
+        listening = socket.create_server((host, 0), family=_family(host), backlog=BACKLOG)
         self.host = host
         self._socket: socket.socket | None = listening
         self.port: int = listening.getsockname()[1]

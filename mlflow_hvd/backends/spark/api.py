@@ -12,14 +12,13 @@ ask which kind it drives.
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from mlflow_hvd.backends.spark import private, removals
 from mlflow_hvd.common import network
@@ -59,6 +58,10 @@ class ClassicApi:
     """A classic session: its SparkContext's configuration, job groups and slots."""
 
     kind = "classic"
+    # an environment is given to the session as it is built (spark.archives), not per job
+    ships_with_jobs: Literal[False] = False
+    # this process holds the application (a SparkContext): its scheduler's state is visible
+    remote = False
 
     def __init__(self, session: Any) -> None:
         self.session = session
@@ -120,12 +123,40 @@ class ClassicApi:
         RDD, whose first stage in a new JVM starts sooner than a DataFrame's."""
         return self._sc.parallelize(range(count), count).barrier().mapPartitions(fn)
 
+    def facts(self) -> dict[str, str]:
+        """What the run's tags say of where it ran."""
+        return {"spark_master": self.master()}
+
+    def run_barrier(self, count: int, frame: Any, by_rows: Any, by_arrow: Any,
+                    schema: str) -> None:
+        """Run a barrier stage of ``count`` tasks to its end: over ``frame``'s partitions
+        (``by_arrow``, ``mapInArrow``), or with no frame an RDD (``by_rows``)."""
+        if frame is None:
+            self.barrier_tasks(count, by_rows).collect()
+        else:
+            frame.mapInArrow(by_arrow, schema, barrier=True).collect()
+
+    def each_task(self, count: int, by_rows: Any, by_arrow: Any, schema: str) -> list[Any]:
+        """The rows of ``count`` plain tasks (an RDD: ``by_rows``)."""
+        del by_arrow, schema
+        return list(self.parallel_tasks(count, by_rows).collect())
+
+    def unreachable_hint(self, driver_host: str) -> str:
+        """What to add when the tasks could not reach this process at ``driver_host``:
+        nothing beyond the error's own advice (the executors' ``spark.driver.host``)."""
+        del driver_host
+        return ""
+
 
 class ConnectApi:
     """A Spark Connect session: the server's configuration as the session reads it, its
     operation tags, and the DataFrame API only."""
 
     kind = "connect"
+    # an environment is uploaded to the session when its first job starts (addArtifacts)
+    ships_with_jobs: Literal[True] = True
+    # a client of a server elsewhere: the application's scheduler is out of sight
+    remote = True
 
     def __init__(self, session: Any) -> None:
         self.session = session
@@ -183,13 +214,13 @@ class ConnectApi:
             BackendError: The server is dialled on loopback but is not on this machine (a
                 tunnel: its executors cannot reach this client).
         """
-        source = route_source_or_loopback(self.server_host())
+        source = network.route_source_or_loopback(self.server_host())
         if source != "127.0.0.1":
             return source
         served = str(self.conf().get("spark.driver.host") or "")
         if not served:  # the server does not say: taken to be on this machine
             return source
-        if is_local_address(served):
+        if network.is_local_address(served):
             return served
         raise BackendError(
             f"the Spark Connect server is dialled on loopback ({self.server_host()}) but is "
@@ -222,6 +253,31 @@ class ConnectApi:
 
     def barrier_tasks(self, count: int, fn: Any) -> Any:
         raise NotImplementedError("a Spark Connect session has no RDDs: use DataFrames")
+
+    def facts(self) -> dict[str, str]:
+        """What the run's tags say of where it ran: the master and the Connect server."""
+        return {"spark_master": self.master(), "spark_connect": self.server_host()}
+
+    def run_barrier(self, count: int, frame: Any, by_rows: Any, by_arrow: Any,
+                    schema: str) -> None:
+        """Run a barrier stage of ``count`` tasks to its end, through DataFrames only: over
+        ``frame``'s partitions, or ``range(count)`` in ``count`` partitions."""
+        del by_rows
+        frame = frame if frame is not None else self.session.range(0, count, 1, count)
+        frame.mapInArrow(by_arrow, schema, barrier=True).collect()
+
+    def each_task(self, count: int, by_rows: Any, by_arrow: Any, schema: str) -> list[Any]:
+        """The rows of ``count`` plain tasks, through DataFrames only (``by_arrow``)."""
+        del by_rows
+        return list(self.session.range(0, count, 1, count).mapInArrow(by_arrow, schema)
+                    .collect())
+
+    def unreachable_hint(self, driver_host: str) -> str:
+        """What to add when the tasks could not reach this client at ``driver_host``."""
+        return (f" On Spark Connect that driver is this client process, at {driver_host} "
+                f"(its address on the route to the Connect server {self.server_host()}): "
+                "the executors must be able to open connections to it. Run the client where "
+                "they can (a notebook or job on the cluster, or the Connect server's host)")
 
 
 class _ConnectConf:
@@ -290,34 +346,3 @@ def run_stage(api: SessionApi, name: str, description: str, action: Callable[[],
 
 
 STOP_POLL = 0.1  # seconds between two looks at the stop request while Spark works
-
-
-def is_local_address(host: str) -> bool:
-    """True when ``host`` resolves to an address of this machine (one a socket can bind)."""
-    try:
-        address = socket.gethostbyname(host)
-    except OSError:
-        return False
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((address, 0))
-        except OSError:
-            return False
-    return True
-
-
-def route_source_or_loopback(host: str) -> str:
-    """The local IPv4 address this machine sends from to reach ``host``
-    (:func:`mlflow_hvd.common.network.route_source`); ``127.0.0.1`` for a loopback host, and
-    also when ``host`` does not resolve or has no route (the caller then checks whether the
-    server is on this machine)."""
-    try:
-        address = socket.gethostbyname(host)
-    except OSError:
-        return "127.0.0.1"
-    if address.startswith("127."):
-        return "127.0.0.1"
-    try:
-        return network.route_source(address)
-    except OSError:
-        return "127.0.0.1"

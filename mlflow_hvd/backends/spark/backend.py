@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from mlflow_hvd.agent.spark_task import RESULT_SCHEMA, barrier_partition_task, barrier_task
-from mlflow_hvd.backends.spark.api import ConnectApi, SessionApi, session_api
+from mlflow_hvd.backends.spark.api import SessionApi, session_api
 from mlflow_hvd.backends.spark.boot import archive_of
 from mlflow_hvd.backends.spark.environment import prepare_executors, ship_to_connect
 from mlflow_hvd.backends.spark.failures import summarize_spark_error, task_raised
@@ -63,9 +63,9 @@ class SparkBackend:
         # an environment shipped with the session (to a Connect one: now): unpacked on
         # every executor first (not against the start deadline), and every task checks it
         # fits its host
-        if isinstance(self._api, ConnectApi) and self._ship is not False:
+        if self._api.ships_with_jobs and self._ship is not False:
             environment = ship_to_connect(self._api, archive_of(self._ship),
-                                          self._environment_timeout)
+                                          self._environment_timeout, self._stop)
         else:
             environment = shipped_environment(conf)
         if environment is not None:
@@ -84,23 +84,14 @@ class SparkBackend:
         try:
             # job groups and tags are thread-local: set in the submitting thread
             with self._api.tagged(job.job_id, job.description):
-                if self._frame is None and self._api.kind == "classic":
-                    self._api.barrier_tasks(job.np, barrier_partition_task(job)).collect()
-                else:
-                    frame = (self._frame if self._frame is not None
-                             else self._spark.range(0, job.np, 1, job.np))
-                    frame.mapInArrow(barrier_task(job), RESULT_SCHEMA, barrier=True).collect()
+                self._api.run_barrier(job.np, self._frame, barrier_partition_task(job),
+                                      barrier_task(job), RESULT_SCHEMA)
         except Exception as exc:
             error = stopped_message(self._api, "ran its barrier stage") or summarize_spark_error(
-                exc, job.environment, connect=isinstance(self._api, ConnectApi),
+                exc, job.environment, connect=self._api.remote,
                 removed=self._api.removed_executors())
-            if isinstance(self._api, ConnectApi) and task_raised(exc, ChannelError):
-                error += (
-                    f" On Spark Connect that driver is this client process, at "
-                    f"{job.driver_host} (its address on the route to the Connect server "
-                    f"{self._api.server_host()}): the executors must be able to open "
-                    "connections to it. Run the client where they can (a notebook or job on "
-                    "the cluster, or the Connect server's host)")
+            if task_raised(exc, ChannelError):
+                error += self._api.unreachable_hint(job.driver_host)
             sink(BackendFinished(error=error))
         else:
             sink(BackendFinished())
@@ -129,7 +120,4 @@ class SparkBackend:
 def session_facts(api: SessionApi) -> dict[str, str]:
     """A Spark backend's facts for tags and messages: its master, and a Connect session's
     server."""
-    facts = {"backend": SparkBackend.name, "spark_master": api.master()}
-    if isinstance(api, ConnectApi):
-        facts["spark_connect"] = api.server_host()
-    return facts
+    return {"backend": SparkBackend.name, **api.facts()}

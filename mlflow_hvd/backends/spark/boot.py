@@ -14,7 +14,8 @@ import shutil
 import sys
 import threading
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, assert_never
 
 from mlflow_hvd.common.config import ClusterConfig
 from mlflow_hvd.common.phases import Phase, PhaseTimeout, in_phase
@@ -23,8 +24,36 @@ from mlflow_hvd.errors import ConfigurationError, EnvironmentArchiveError
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Unchosen:
+    """A run begins: its master is not resolved yet."""
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The run's master, and its session: the active one, or None (one is to be booted)."""
+
+    session: Any
+    master: str
+
+
+@dataclass(frozen=True)
+class Booting:
+    """A new session on ``master`` starts in a thread; ``unpacking``: it ships an archive,
+    which Spark unpacks on the driver too before its context is up."""
+
+    master: str
+    started: Future[Any]
+    unpacking: bool
+
+
+BootState = Unchosen | Chosen | Booting
+
+
 class SessionBoot:
-    """The SparkSession choice of one ``HorovodRunner`` (``np > 0``, no explicit session).
+    """The SparkSession choice of one ``HorovodRunner`` (``np > 0``, no explicit session):
+    ``Unchosen -> Chosen`` (the master resolved: an active session, or none) ``-> Booting``
+    (a new one starting) ``-> Chosen`` (it started, or failed: the next run boots again).
 
     Args:
         np: Number of ranks (an embedded ``local[max(np, cores)]`` master when nothing
@@ -43,14 +72,12 @@ class SessionBoot:
         self.ship_environment = cluster.ship_environment
         # a shipped archive is unpacked by the driver too while its context starts
         self.environment_timeout = cluster.environment_timeout
-        self._unpacking = False  # the session booting ships an archive
-        self._chosen: tuple[Any, str] | None = None  # (active session or None, master)
-        self._booting: Future[Any] | None = None  # a new session starting
+        self.state: BootState = Unchosen()
 
     def new_run(self) -> None:
         """Forget the last run's choice (unless a boot it started is still under way)."""
-        if self._booting is None:
-            self._chosen = None
+        if not isinstance(self.state, Booting):
+            self.state = Unchosen()
 
     def choice(self) -> tuple[Any, str]:
         """(active session or None, master URL), resolved once per run.
@@ -59,15 +86,23 @@ class SessionBoot:
             ConfigurationError: ``spark_master`` differs from the active session's master.
             BackendError: The configured standalone master does not answer.
         """
-        if self._chosen is None:
-            from mlflow_hvd.backends.spark.session import resolve_master
+        match self.state:
+            case Unchosen():
+                from mlflow_hvd.backends.spark.session import resolve_master
 
-            self._chosen = resolve_master(self.np, self.spark_master, self.probe_timeout)
-        return self._chosen
+                self.state = Chosen(*resolve_master(self.np, self.spark_master,
+                                                    self.probe_timeout))
+                return self.state.session, self.state.master
+            case Chosen(session=session, master=master):
+                return session, master
+            case Booting(master=master):
+                return None, master
+            case _ as unknown:
+                assert_never(unknown)
 
     def start(self) -> None:
         """With no active session, boot one in a background thread (idempotent)."""
-        if self._booting is not None:
+        if isinstance(self.state, Booting):
             return
         active, master = self.choice()
         if active is not None:
@@ -80,17 +115,16 @@ class SessionBoot:
                            option="ClusterConfig(environment_timeout)", stop=self.stop)
         if archive is not None:
             check_room_to_unpack(archive, spark_local_dir())
-        self._unpacking = archive is not None
-        booting: Future[Any] = Future()
+        started: Future[Any] = Future()
 
         def boot() -> None:
             try:
-                booting.set_result(new_session(master, archive))
+                started.set_result(new_session(master, archive))
             except BaseException as exc:  # handed to the waiter
-                booting.set_exception(exc)
+                started.set_exception(exc)
 
         threading.Thread(target=boot, name="mlflow-hvd-spark-boot", daemon=True).start()
-        self._booting = booting
+        self.state = Booting(master, started, unpacking=archive is not None)
 
     def session(self, timeout: float) -> Any:
         """The run's session: the active one, or the one booting (waited for at most
@@ -102,27 +136,26 @@ class SessionBoot:
             Exception: Whatever starting the session raised.
         """
         self.start()
-        booting = self._booting
-        if booting is None:
+        booting = self.state
+        if not isinstance(booting, Booting):
             return self.choice()[0]
         # Spark unpacks spark.archives on the driver as well (SparkFiles) before the
         # context is up: a shipped environment's gigabytes get their own allowance
-        extra = self.environment_timeout if self._unpacking else 0.0
+        extra = self.environment_timeout if booting.unpacking else 0.0
+        self.state = Chosen(None, booting.master)  # after a failure the next run boots again
         try:
-            session = in_phase(Phase.BOOTING, booting.result, limit=timeout + extra,
+            session = in_phase(Phase.BOOTING, booting.started.result, limit=timeout + extra,
                                option="start_timeout", stop=self.stop)
-            self._chosen = (session, self.choice()[1])  # active from now on
-            return session
         except PhaseTimeout:
             allowance = (f" + {extra:g}s (environment_timeout: Spark unpacks the shipped "
                          "environment on the driver too)" if extra else "")
             raise PhaseTimeout(
-                f"the SparkSession on {self.choice()[1]} did not start within {timeout:g}s "
+                f"the SparkSession on {booting.master} did not start within {timeout:g}s "
                 f"(start_timeout){allowance}: Spark's JVM is hung or very slow to start; "
                 "check JAVA_HOME and Spark's driver log, or raise start_timeout"
             ) from None
-        finally:
-            self._booting = None  # after a failure the next run tries again
+        self.state = Chosen(session, booting.master)  # active from now on
+        return session
 
 
 def spark_local_dir() -> str:
@@ -197,11 +230,11 @@ def refuse_unshipped(session: Any, ship: bool | str) -> None:
     given the environment when a job starts (:func:`.environment.ship_to_connect`)."""
     if ship is False:
         return
-    from mlflow_hvd.backends.spark.api import ConnectApi, session_api
+    from mlflow_hvd.backends.spark.api import session_api
     from mlflow_hvd.common.env_archive import shipped_archive
 
     api = session_api(session)
-    if isinstance(api, ConnectApi):
+    if api.ships_with_jobs:
         return
     conf = api.conf()
     if shipped_archive(conf.get("spark.archives", "") or "") is None:

@@ -30,7 +30,8 @@ from typing import Any
 from mlflow_hvd.backends.spark.api import ConnectApi, SessionApi, run_stage
 from mlflow_hvd.backends.spark.failures import summarize_spark_error
 from mlflow_hvd.backends.spark.session import refuse_stopped
-from mlflow_hvd.errors import BackendError, ConfigurationError, unfit_environment
+from mlflow_hvd.common.phases import Phase, PhaseTimeout, in_phase
+from mlflow_hvd.errors import BackendError, ConfigurationError, JobStopped, unfit_environment
 from mlflow_hvd.protocol.environment import (
     ARCHIVE_ALIAS,
     SHIPPED_PYTHON,
@@ -44,8 +45,8 @@ _lock = threading.Lock()
 _uploaded: dict[str, str] = {}  # Connect session scope -> the archive it was given
 
 
-def ship_to_connect(api: ConnectApi, archive: str, timeout: float
-                    ) -> EnvironmentFingerprint | None:
+def ship_to_connect(api: ConnectApi, archive: str, timeout: float,
+                    stop: threading.Event | None = None) -> EnvironmentFingerprint | None:
     """Give ``api``'s Connect session the environment ``archive`` (once per session): upload
     it, unpacked as ``./environment`` on every executor, and have the session's Python
     workers run ``./environment/bin/python``. Returns what the archive needs of each host
@@ -56,6 +57,7 @@ def ship_to_connect(api: ConnectApi, archive: str, timeout: float
             artifacts cannot be replaced).
         BackendError: The upload did not end within ``timeout`` seconds
             (``environment_timeout``), or the server refused it.
+        JobStopped: ``stop`` was set meanwhile (``HorovodRunner.stop()``).
     """
     from mlflow_hvd.common.env_archive import fingerprint_of_archive
 
@@ -67,7 +69,7 @@ def ship_to_connect(api: ConnectApi, archive: str, timeout: float
             log.info("shipped environment: uploading %s (%.0f MiB) to the Spark Connect "
                      "server %s", archive, size / 2**20, api.server_host())
             started = time.monotonic()
-            _upload(api, archive, timeout)
+            _upload(api, archive, timeout, stop)
             api.set_python(SHIPPED_PYTHON)
             _uploaded[scope] = archive
             log.info("shipped environment: uploaded in %.1fs", time.monotonic() - started)
@@ -79,30 +81,25 @@ def ship_to_connect(api: ConnectApi, archive: str, timeout: float
     return fingerprint_of_archive(archive)
 
 
-def _upload(api: ConnectApi, archive: str, timeout: float) -> None:
-    """``addArtifacts`` under a deadline: the client's call has none of its own, so it runs
-    in a thread that is left to end by itself past ``timeout``."""
-    done: dict[str, BaseException | None] = {}
-
-    def upload() -> None:
-        try:
-            api.add_archive(archive, ARCHIVE_ALIAS)
-            done["error"] = None
-        except Exception as exc:  # handed to the caller
-            done["error"] = exc
-
-    thread = threading.Thread(target=upload, name="mlflow-hvd-upload", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if "error" not in done:
+def _upload(api: ConnectApi, archive: str, timeout: float,
+            stop: threading.Event | None) -> None:
+    """``addArtifacts`` as the ``SHIPPING`` phase: the client's call has no deadline of its
+    own, so it is left to end by itself past ``timeout`` or a stop request."""
+    try:
+        in_phase(Phase.SHIPPING, api.add_archive, archive, ARCHIVE_ALIAS, limit=timeout,
+                 option="environment_timeout", stop=stop)
+    except PhaseTimeout:
         raise BackendError(
             f"uploading the environment {archive} to the Spark Connect server "
             f"{api.server_host()} did not end within {timeout:g}s (environment_timeout): "
             "raise HorovodRunner(cluster=ClusterConfig(environment_timeout=...)) for a large "
-            "archive or a slow network, or give the server's nodes the environment instead")
-    if done["error"] is not None:
+            "archive or a slow network, or give the server's nodes the environment instead"
+        ) from None
+    except (JobStopped, ConfigurationError):
+        raise
+    except Exception as exc:
         raise BackendError(f"the Spark Connect server {api.server_host()} refused the "
-                           f"environment {archive}: {done['error']}") from done["error"]
+                           f"environment {archive}: {exc}") from exc
 
 
 def _check_on_executor(shipped: EnvironmentFingerprint
@@ -160,11 +157,9 @@ def prepare_executors(api: SessionApi, shipped: EnvironmentFingerprint, slots: i
 def _run_stage(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
                timeout: float, stop: threading.Event | None) -> list[tuple[str, list[str]]]:
     def check() -> list[tuple[str, list[str]]]:
-        if api.kind == "classic":
-            return list(api.parallel_tasks(slots, _check_on_executor(shipped)).collect())
-        rows = api.session.range(0, slots, 1, slots).mapInArrow(  # Connect: DataFrames only
-            _check_as_arrow(shipped), "host string, differences array<string>").collect()
-        return [(row.host, row.differences) for row in rows]
+        rows = api.each_task(slots, _check_on_executor(shipped), _check_as_arrow(shipped),
+                             "host string, differences array<string>")
+        return [(row[0], row[1]) for row in rows]
 
     outcome = run_stage(api, "environment",
                         "mlflow_hvd: unpack and check the shipped environment", check, timeout,
@@ -179,7 +174,7 @@ def _run_stage(api: SessionApi, shipped: EnvironmentFingerprint, slots: int,
     if outcome.error is not None:
         refuse_stopped(api, "unpacked and checked the shipped environment on the executors",
                        outcome.error)
-        error = summarize_spark_error(outcome.error, shipped, api.kind == "connect",
+        error = summarize_spark_error(outcome.error, shipped, api.remote,
                                       api.removed_executors())
         raise BackendError(f"preparing the shipped environment failed: {error}"
                            ) from outcome.error

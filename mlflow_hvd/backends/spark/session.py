@@ -178,7 +178,7 @@ def wait_for_slots(api: SessionApi, np: int, timeout: float,
         refuse_stopped(api, f"waited for {np} task slots")
         phases.refuse_stopped(stop, Phase.WAITING_FOR_SLOTS, f"waiting for {np} task slots")
         slots = api.task_slots()
-        if slots is None:  # Spark Connect
+        if slots is None:  # the scheduler's count is out of sight (Spark Connect)
             if ceiling is not None and ceiling >= np:
                 return ceiling
             if ceiling is None:
@@ -209,7 +209,7 @@ def elastic_slots(api: SessionApi, np: int, least: int, timeout: float,
     forget_probes(api)
     master, conf = api.master(), api.conf()
     ceiling = expected_slots(master, conf)
-    if api.task_slots() is None:  # Spark Connect: only probes tell
+    if api.task_slots() is None:  # the scheduler's count is out of sight: probes tell
         most = np if ceiling is None else min(np, ceiling)  # what the master can ever give
         if most == np and _probe_runs(api, np, timeout, stop):
             return np
@@ -256,7 +256,7 @@ def stopped_message(api: SessionApi, doing: str) -> str | None:
     ``doing`` something: why its executors could not start, when Spark recorded it (Spark's
     own error says only "Master removed our application: FAILED", or that the context is
     stopped); None while the context runs."""
-    if api.kind != "classic" or not api.stopped():
+    if api.remote or not api.stopped():  # a Connect client cannot see the server's stop
         return None
     why = executors_not_started(api.removed_executors(), shipped_environment(api.conf()))
     return (f"the Spark application on {api.master()} was stopped while the job {doing}"
@@ -399,7 +399,7 @@ def _slots_message(api: SessionApi, np: int, slots: int, ceiling: int | None,
             f"{conf.get(f'spark.executor.resource.{name}.amount', 'unset')})"
             for name, amount in resources.items()
         ) + ": too few are assigned for np tasks at once; lower np or add executors with them"
-    if slots == 0 and api.kind == "classic":
+    if slots == 0 and not api.remote:  # a count of registered executors
         text += (
             ". No executor has registered at all: check that the cluster's workers are alive "
             "and can connect back to the driver at "

@@ -197,3 +197,37 @@ def test_the_license_file_is_the_one_pyproject_declares() -> None:
     text = (REPO / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "http://www.apache.org/licenses/LICENSE-2.0" in text
+
+
+def test_the_generated_references_are_current_and_complete(tmp_path: Path) -> None:
+    """docs/reference/ (every command's flags, every MLproject parameter, every environment
+    variable the package reads) is what scripts/reference.py makes of the code now; the
+    script refuses a flag without help, a parameter its command does not take, and a
+    variable read but not described (or described but no longer read)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "reference.py"), "--check"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        reference = importlib.import_module("reference")
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    # the check is not a formality: a variable the code reads that the page lacks fails it
+    module = tmp_path / "mlflow_hvd" / "reads.py"
+    module.parent.mkdir()
+    module.write_text('import os\nLEVEL = os.environ.get("MLFLOW_HVD_NOT_DESCRIBED")\n')
+    original = reference.PACKAGE
+    reference.PACKAGE, reference.ROOT = module.parent, tmp_path
+    try:
+        with pytest.raises(SystemExit, match="MLFLOW_HVD_NOT_DESCRIBED"):
+            reference.environment_page()
+    finally:
+        reference.PACKAGE, reference.ROOT = original, REPO
+    page = (REPO / "docs" / "reference" / "mlproject.md").read_text()
+    for name in ("np", "min_np", "spark_master", "max_evals", "parallelism"):
+        assert f"| `{name}` |" in page, name

@@ -328,15 +328,20 @@ def ensure(rebuild: bool = False) -> tuple[bool, str]:
     return True, f"{report}: {how}, installed in {sys.prefix}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mlflow_hvd.cli.horovod``."""
+    parser = argparse.ArgumentParser(prog="python -m mlflow_hvd.cli.horovod", description=__doc__,
                                      formatter_class=argparse.RawTextHelpFormatter)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--check", action="store_true",
                        help="only check the installed Horovod (loads it; builds nothing)")
     group.add_argument("--rebuild", action="store_true",
                        help="build again even if a wheel for these versions is cached")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         if args.check:
             t = target()

@@ -15,12 +15,18 @@ from mlflow_hvd.backends.spark import jvm
 from mlflow_hvd.errors import MlflowHvdError
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mlflow_hvd.cli.jvm_archive``."""
+    parser = argparse.ArgumentParser(prog="python -m mlflow_hvd.cli.jvm_archive",
+                                     description=__doc__,
                                      formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds the build may take (default 300)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     existing = jvm.archive_path()
     if existing is not None and existing.is_file():
         print(f"Spark's class-data archive is up to date: {existing}")

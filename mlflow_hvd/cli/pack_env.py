@@ -20,15 +20,20 @@ from mlflow_hvd.common.env_archive import describe, pack_environment
 from mlflow_hvd.errors import MlflowHvdError
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mlflow_hvd.cli.pack_env``."""
+    parser = argparse.ArgumentParser(prog="python -m mlflow_hvd.cli.pack_env", description=__doc__,
                                      formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--compress-level", type=int, choices=range(10), default=None,
                         metavar="0-9", help="gzip level (default: $MLFLOW_HVD_PACK_COMPRESS_"
                         "LEVEL, else 1); 0: stored, not compressed (three times the bytes to "
                         "send, no compressing or inflating)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         packed = pack_environment(compress_level=args.compress_level)
     except MlflowHvdError as exc:

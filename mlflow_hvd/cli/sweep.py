@@ -37,14 +37,26 @@ DEFAULT_SPACE = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--max-evals", type=whole_number, default=8)
-    p.add_argument("--np", type=whole_number, default=2)
-    p.add_argument("--epochs", type=whole_number, default=3)
+    return parser().parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mlflow_hvd.cli.sweep`` (``mlflow run . -e sweep``)."""
+    p = argparse.ArgumentParser(prog="python -m mlflow_hvd.cli.sweep", description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--max-evals", type=whole_number, default=8,
+                   help="trials to run (default 8)")
+    p.add_argument("--np", type=whole_number, default=2,
+                   help="ranks of each trial: N>0 Spark barrier tasks, -N local processes "
+                        "(default 2)")
+    p.add_argument("--epochs", type=whole_number, default=3,
+                   help="epochs of each trial (default 3)")
     p.add_argument(
         "--space", default="default", help="JSON file with the search space, or 'default'"
     )
-    p.add_argument("--metric", default="val_loss")
+    p.add_argument("--metric", default="val_loss",
+                   help="the metric trials are compared by, as the training function logs "
+                        "it (default val_loss)")
     p.add_argument(
         "--mode",
         choices=("auto", "min", "max"),
@@ -63,14 +75,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="epochs every trial trains before it can be pruned",
     )
-    p.add_argument("--seed", type=whole_number, default=0)
+    p.add_argument("--seed", type=whole_number, default=0,
+                   help="seed of the search (TPE) and of every trial (default 0)")
     p.add_argument(
         "--early-stop-rounds",
         type=whole_number,
         default=0,
         help="stop after N trials without a new best (0: never)",
     )
-    p.add_argument("--parent-run-id", default="")
+    p.add_argument("--parent-run-id", default="",
+                   help="the sweep's parent run ('': the active run, as mlflow run sets "
+                        "it, else a new one)")
     p.add_argument(
         "--warm",
         choices=("true", "false"),
@@ -95,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_TRAIN,
         help="training function, 'file.py:function' or 'module:function'",
     )
-    return p.parse_args(argv)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,15 +41,23 @@ from mlflow_hvd.errors import ConfigurationError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    return parser().parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mlflow_hvd.cli.train`` (``mlflow run .``)."""
+    p = argparse.ArgumentParser(prog="python -m mlflow_hvd.cli.train", description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
         "--np",
         type=whole_number,
         default=2,
         help="ranks: N>0 Spark barrier tasks, -N local processes (default 2)",
     )
-    p.add_argument("--epochs", type=whole_number, default=5)
-    p.add_argument("--batch-size", type=whole_number, default=32, help="per rank")
+    p.add_argument("--epochs", type=whole_number, default=5,
+                   help="passes over the training data (default 5)")
+    p.add_argument("--batch-size", type=whole_number, default=32,
+                   help="examples per rank per step (default 32)")
     p.add_argument(
         "--learning-rate",
         type=float,
@@ -62,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="'digits' (scikit-learn's bundled set), or read with Spark: a Parquet or Delta "
         "path, or a table name",
     )
-    p.add_argument("--seed", type=whole_number, default=0)
+    p.add_argument("--seed", type=whole_number, default=0,
+                   help="seed of the data split and the model's initial weights (default 0)")
     add_runner_options(p)
     p.add_argument(
         "--train",
@@ -70,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"training function, 'file.py:function' or 'module:function' "
         f"(default {DEFAULT_TRAIN})",
     )
-    return p.parse_args(argv)
+    return p
 
 
 def validate(args: argparse.Namespace) -> list[str]:

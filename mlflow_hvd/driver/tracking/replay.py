@@ -10,11 +10,19 @@ from mlflow_hvd.driver.tracking.undelivered import load, replay
 from mlflow_hvd.protocol import records
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mlflow_hvd.tracking.replay")
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mlflow_hvd.tracking.replay``."""
+    p = argparse.ArgumentParser(
+        prog="python -m mlflow_hvd.tracking.replay",
+        description="Send what rank 0 could not deliver during a tracking-server outage "
+                    "(saved by the driver, named in its warning) into the run it belongs to.")
     p.add_argument("bundle", help="the directory named in the warning")
     p.add_argument("--tracking-uri", help="send to this server instead of the saved one")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         meta, _ = load(args.bundle)
     except (OSError, ValueError) as exc:

@@ -231,3 +231,33 @@ def test_the_generated_references_are_current_and_complete(tmp_path: Path) -> No
     page = (REPO / "docs" / "reference" / "mlproject.md").read_text()
     for name in ("np", "min_np", "spark_master", "max_evals", "parallelism"):
         assert f"| `{name}` |" in page, name
+
+
+GUIDE_EXCLUDED = {"benchmarks.md", "architecture.md", "changelog.md", "development.md"}
+# a guide says what a thing is and how to use it; what was measured lives in benchmarks.md,
+# how it came to be in the changelog and the architecture page
+DIARY = re.compile(r"these machines|tried by hand|(?:un)?tested here|measured here|"
+                   r"on this project's machine|on the 2-core machine", re.IGNORECASE)
+TIMES = "\u00d7"  # the multiplication sign of a ratio: 0.84x written with it
+MEASURED = re.compile(rf"\b\d+(?:\.\d+)?{TIMES}|\b\d[\d,.]*[kM]? (?:rows|steps)/s\b")
+
+
+def test_guides_hold_no_measurements_nor_a_diary() -> None:
+    """Guide pages (docs/*.md but the benchmarks, the architecture, the changelog and the
+    development notes) never speak of 'these machines' or 'tried by hand', and state no
+    measured ratio or throughput: those live, once, with their date and machine, in
+    docs/benchmarks.md, which guides link to."""
+    from conftest import REPO
+
+    found = []
+    for page in sorted((REPO / "docs").glob("*.md")):
+        if page.name in GUIDE_EXCLUDED:
+            continue
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for pattern in (DIARY, MEASURED):
+                match = pattern.search(line)
+                if match:
+                    found.append(f"{page.name}:{number}: {match.group(0)!r}")
+    assert not found, "\n".join(found)
+    assert DIARY.search("not tested here") and MEASURED.search(f"0.84{TIMES} DDP's")
+    assert MEASURED.search("4.45M rows/s") and not MEASURED.search(f"k {TIMES} np slots")

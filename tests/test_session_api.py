@@ -185,6 +185,31 @@ def test_an_environment_goes_to_a_connect_session_once_and_its_upload_has_a_dead
         ship_to_connect(ConnectApi(_Uploads("fails", "s-3")), str(archive), 10)
 
 
+def test_stop_ends_an_environments_upload_to_a_connect_session_at_once(tmp_path: Any) -> None:
+    """Shipping is a start phase: HorovodRunner.stop() (the runner's stop event) ends a
+    stalled upload within a fraction of a second, long before environment_timeout; the
+    session keeps the server's interpreter."""
+    from mlflow_hvd.backends.spark.environment import ship_to_connect
+    from mlflow_hvd.errors import JobStopped
+
+    archive = tmp_path / "env.tar.gz"
+    archive.write_bytes(b"not one of ours")
+    hangs = _Uploads("hangs", "s-stop")
+    stop = threading.Event()
+    timer = threading.Timer(0.3, stop.set)
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(JobStopped, match=r"^stopped while shipping the environment to the "
+                                             r"executors, after 0\.\ds"):
+            ship_to_connect(ConnectApi(hangs), str(archive), 60, stop)
+        assert time.monotonic() - started < 2
+    finally:
+        hangs.release.set()
+        timer.join()
+    assert hangs.settings == {}
+
+
 class _Option:
     def __init__(self, value: str | None) -> None:
         self._value = value

@@ -36,7 +36,7 @@ class Phase(enum.Enum):
     PACKING = "packing the environment for the executors"
     BOOTING = "starting the SparkSession"
     WAITING_FOR_SLOTS = "waiting for task slots"
-    SHIPPING = "unpacking and checking the shipped environment on the executors"
+    SHIPPING = "shipping the environment to the executors"
     FEEDING = "writing the DataFrames for the ranks"
 
 

@@ -226,8 +226,11 @@ def test_the_drivers_store_binds_a_port_at_once_serves_when_asked_and_releases_i
     with socket.create_server(("127.0.0.1", store.port)):  # free again
         pass
     # a driver host that is not an address of this machine (behind NAT; 198.51.100.0/24 is
-    # a documentation range): every interface, as the job's channel does
-    elsewhere = TorchStore("198.51.100.250")
+    # a documentation range): the generation's one choice is every interface, for the store
+    # as for the job's channel
+    from mlflow_hvd.common.network import listen_address
+
+    elsewhere = TorchStore(listen_address("198.51.100.250"))
     try:
         assert elsewhere.host == ""
         elsewhere.serve()

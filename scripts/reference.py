@@ -65,6 +65,8 @@ VARIABLES = {
                            "import of `mlflow_hvd.keras`: the drop-in layer is for Keras 3.",
     "JAVA_HOME": "The Java the embedded Spark driver and the class-data archive use.",
     "PATH": "Where `java` and `nvcc` are looked for.",
+    "LDFLAGS": "A Horovod build with GPU operations adds the run-time path of NVIDIA's NCCL "
+               "wheel to the user's linker flags.",
     "SPARK_HOME": "The Spark installation (default: pyspark's own); its `conf/` is read "
                   "for the master.",
     "SPARK_CONF_DIR": "Where `spark-defaults.conf` is read for the master.",
@@ -231,6 +233,7 @@ def read_variables() -> dict[str, set[str]]:
 
 def environment_page() -> str:
     from mlflow_hvd.cli.cuda_toolkit import GPU_OPERATIONS
+    from mlflow_hvd.cli.gpu_build import USER_NCCL
     from mlflow_hvd.common.horovod_env import OWNED
     from mlflow_hvd.protocol.credentials import ALL_VARS
 
@@ -258,7 +261,10 @@ def environment_page() -> str:
         + ", ".join(f"`{n}`" for n in sorted(OWNED)) + " |",
         "| " + ", ".join(f"`{n}`" for n in GPU_OPERATIONS) + " | GPU operations asked of "
         "a Horovod build (`python -m mlflow_hvd.cli.horovod --rebuild`): a CUDA toolkit "
-        "is then required |",
+        "is then required, and the build is cached apart from the CPU one |",
+        "| " + ", ".join(f"`{n}`" for n in USER_NCCL) + " | A GPU build's NCCL as you have "
+        "it (Horovod's own search); unset, NVIDIA's `nvidia-nccl-cu*` wheel in the "
+        "environment, else a system NCCL |",
         "| " + ", ".join(f"`{n}`" for n in ALL_VARS) + " | The driver's MLflow "
         "client settings: sealed with the job's secret and applied in rank 0 only (files "
         "copied) |",

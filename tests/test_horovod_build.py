@@ -3,6 +3,7 @@ environments mlflow_hvd did not make. Real package metadata, real subprocesses."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -89,24 +90,28 @@ def _unpacked(sdist: Path, into: Path) -> Path:
     return source
 
 
-@pytest.mark.parametrize(("tensorflow", "torch", "for_cpu", "names"), [
-    ("2.16.2", "", False, []), ("2.18.1", "", False, []),
-    ("2.18.1", "2.13.0+cpu", False, ["cxx17"]),
-    ("2.19.1", "", False, ["xla-ops"]), ("2.20.0", "", False, ["xla-ops"]),
-    ("2.21.0", "", False, ["xla-ops"]), ("2.21.0", "2.13.0+cpu", False, ["cxx17", "xla-ops"]),
+@pytest.mark.parametrize(("tensorflow", "torch", "for_cpu", "gpu", "names"), [
+    ("2.16.2", "", False, False, []), ("2.18.1", "", False, False, []),
+    ("2.18.1", "2.13.0+cpu", False, False, ["cxx17"]),
+    ("2.19.1", "", False, False, ["xla-ops"]), ("2.20.0", "", False, False, ["xla-ops"]),
+    ("2.21.0", "", False, False, ["xla-ops"]),
+    ("2.21.0", "2.13.0+cpu", False, False, ["cxx17", "xla-ops"]),
     # a CUDA build of PyTorch (PyPI's) where a toolkit is usable: Horovod's own CUDA path
-    ("2.21.0rc1", "2.14.1", False, ["cxx20", "xla-ops"]),
+    ("2.21.0rc1", "2.14.1", False, False, ["cxx20", "xla-ops"]),
     # ... and on a machine without one: built for CPU tensors
-    ("2.21.0", "2.14.1", True, ["cxx20", "torch-cpu", "xla-ops"]),
-    ("2.18.1", "2.13.0", True, ["cxx17", "torch-cpu"]),
+    ("2.21.0", "2.14.1", True, False, ["cxx20", "torch-cpu", "xla-ops"]),
+    ("2.18.1", "2.13.0", True, False, ["cxx17", "torch-cpu"]),
+    # GPU operations asked for (NCCL): the TensorFlow extension loads beside tensorflow-cpu
+    ("2.21.0", "2.14.1", False, True, ["cxx20", "xla-ops", "tf-cpu-on-gpu"]),
 ])
 def test_each_versions_patches_apply_to_the_released_sdist_and_change_only_their_lines(
         sdist: Path, released: Path, patched_trees: dict[tuple[str, ...], Path],
         tmp_path_factory: pytest.TempPathFactory, tensorflow: str, torch: str, for_cpu: bool,
-        names: list[str]) -> None:
-    patches = horovod_patches.needed(horovod_patches.Build(tensorflow, torch, for_cpu))
-    names = [*names, "no-debug-info"]  # every build
-    assert [p.name for p in patches] == names
+        gpu: bool, names: list[str]) -> None:
+    patches = horovod_patches.needed(
+        horovod_patches.Build(tensorflow, torch, for_cpu, gpu=gpu))
+    names = [*names[:len(names) - gpu], "no-debug-info", *names[len(names) - gpu:]]
+    assert [p.name for p in patches] == names  # in PATCHES' order; no-debug-info: every build
     key = tuple(names)
     if key not in patched_trees:  # versions that need the same patches share one tree
         out = tmp_path_factory.mktemp("patched")
@@ -115,17 +120,19 @@ def test_each_versions_patches_apply_to_the_released_sdist_and_change_only_their
     patched = patched_trees[key]
     files = sorted(p.relative_to(released) for p in released.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(patched) for p in patched.rglob("*") if p.is_file())
+    edits = {(e.file, e.line): (e.released, e.patched) for p in patches for e in p.edits}
     changed = {}
     for name in files:
         if (released / name).read_bytes() != (patched / name).read_bytes():
             before = (released / name).read_text().split("\n")
-            after = (patched / name).read_text().split("\n")
-            assert len(before) == len(after), name
-            changed.update({(str(name), n + 1): (a, b)
-                            for n, (a, b) in enumerate(zip(before, after, strict=True))
-                            if a != b})
-    expected = {(e.file, e.line): (e.released, e.patched) for p in patches for e in p.edits}
-    assert changed == expected
+            mine = {line: edit for (file, line), edit in edits.items() if file == str(name)}
+            # each edit's line was as released, and is the edit's text (which may add lines)
+            expected = [mine[n + 1][1] if n + 1 in mine else line
+                        for n, line in enumerate(before)]
+            assert (patched / name).read_text() == "\n".join(expected), name
+            changed.update({(str(name), n): (before[n - 1], mine[n][1]) for n in mine
+                            if before[n - 1] != mine[n][1]})
+    assert changed == edits
     if "xla-ops" in names:  # the XLA ops' file compiles to nothing on TensorFlow >= 2.19
         assert changed[("horovod/tensorflow/xla_mpi_ops.cc", 23)][1] == (
             "#if TENSORFLOW_VERSION >= 2006000000 && TENSORFLOW_VERSION < 2019000000")
@@ -337,3 +344,55 @@ def test_pytorch_is_built_for_cpu_tensors_only_when_cuda_but_no_toolkit_and_no_g
     # a CPU build of PyTorch: Horovod's own build, whatever is asked
     assert cuda_toolkit.torch_for_cpu({"CUDA_HOME": part, "HOROVOD_GPU_OPERATIONS": "NCCL"}
                                       ) is False
+
+
+def test_a_gpu_build_finds_nccl_where_the_user_has_it_and_says_what_is_missing(
+        tmp_path: Path) -> None:
+    """HOROVOD_GPU_OPERATIONS=NCCL: the toolkit goes to PyTorch's helpers as well as to
+    Horovod; NCCL from NVIDIA's wheel in site-packages (shared, its soname linked for
+    Horovod's search, found at run time beside Horovod), or as the user set it; none at all,
+    or no usable toolkit, is refused naming what to install."""
+    from mlflow_hvd.cli import gpu_build
+    from mlflow_hvd.errors import InstallError
+
+    cuda = _toolkit(tmp_path / "cuda")
+    site, work = tmp_path / "site", tmp_path / "work"
+    nccl = site / "nvidia" / "nccl"
+    (nccl / "include").mkdir(parents=True)
+    (nccl / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n")
+    (nccl / "lib").mkdir()
+    (nccl / "lib" / "libnccl.so.2").write_bytes(b"\x7fELF")
+    asked = {"HOROVOD_GPU_OPERATIONS": "NCCL", "CUDA_HOME": str(cuda), "PATH": "",
+             "LDFLAGS": "-L/opt/x"}
+    env = gpu_build.build_env(asked, site, work)
+    assert env["CUDA_HOME"] == env["HOROVOD_CUDA_HOME"] == str(cuda)
+    assert env["HOROVOD_NCCL_INCLUDE"] == str(nccl / "include")
+    assert env["HOROVOD_NCCL_LINK"] == "SHARED"
+    linked = Path(env["HOROVOD_NCCL_LIB"]) / "libnccl.so"
+    assert linked.resolve() == (nccl / "lib" / "libnccl.so.2").resolve()
+    assert env["LDFLAGS"] == "-L/opt/x -Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib"
+    assert gpu_build.asked(asked) == "HOROVOD_GPU_OPERATIONS=NCCL"
+
+    own = gpu_build.build_env({**asked, "HOROVOD_NCCL_HOME": "/opt/nccl"}, site, work)
+    assert own == {"CUDA_HOME": str(cuda), "HOROVOD_CUDA_HOME": str(cuda)}  # Horovod's search
+
+    with pytest.raises(InstallError, match=r"asks Horovod for NCCL, and none is here: "
+                                           r"install NVIDIA's wheel for your CUDA"):
+        gpu_build.build_env(asked, tmp_path / "empty-site", work)
+    with pytest.raises(InstallError, match=r"HOROVOD_GPU_OPERATIONS=NCCL asks Horovod for "
+                                           r"GPU operations, but the CUDA toolkit at .* is "
+                                           r"not usable: no .*nvcc"):
+        gpu_build.build_env({**asked, "CUDA_HOME": str(tmp_path)}, site, work)
+
+
+def test_a_gpu_build_is_another_wheel_and_a_cpu_builds_name_and_marker_stay() -> None:
+    """The wheel cache's key names GPU operations only when asked for: a CPU build's
+    directory is the one it always was, and an install marker written before the field
+    existed still matches."""
+    t = horovod.Target("0.28.1", "2.21.0", "3.11", "x86_64-7808973848ef", "2.13.0+cpu",
+                       "cxx17,xla-ops,no-debug-info")
+    assert t.name == "horovod-0.28.1-tf2.21.0-torch2.13.0+cpu-py3.11-x86_64-7808973848ef-p5788b80a"
+    gpu = dataclasses.replace(t, gpu="HOROVOD_GPU_OPERATIONS=NCCL")
+    assert gpu.name != t.name and "-gpu" in gpu.name
+    old_marker = {k: v for k, v in dataclasses.asdict(t).items() if k != "gpu"}
+    assert horovod.Target(**old_marker) == t

@@ -42,7 +42,7 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mlflow_hvd.cli import cuda_toolkit, horovod_patches
+from mlflow_hvd.cli import cuda_toolkit, gpu_build, horovod_patches
 from mlflow_hvd.common import cache, compat
 from mlflow_hvd.common.horovod_probe import load_extensions
 from mlflow_hvd.errors import InstallError, MlflowHvdError, UnsupportedVersionError
@@ -72,6 +72,7 @@ class Target:
     cpu: str
     torch: str = ""  # the PyTorch built against; empty: a TensorFlow-only build
     patches: str = ""  # the source patches applied, by name, comma-separated
+    gpu: str = ""  # the GPU operations asked for (NAME=value, ...); empty: Gloo on CPUs
 
     @property
     def name(self) -> str:
@@ -83,8 +84,10 @@ class Target:
             edits = [(p.name, p.edits) for p in self.patch_set()]
             digest = hashlib.sha256(repr(edits).encode()).hexdigest()[:8]
             patched = f"-p{digest}"
+        # a GPU build is another wheel (a CPU build's name is as before: its cache stays)
+        gpu = f"-gpu{hashlib.sha256(self.gpu.encode()).hexdigest()[:8]}" if self.gpu else ""
         return (f"horovod-{self.horovod}-tf{self.tensorflow}{torch}-py{self.python}-"
-                f"{self.cpu}{patched}")
+                f"{self.cpu}{gpu}{patched}")
 
     def patch_set(self) -> tuple[horovod_patches.Patch, ...]:
         names = set(filter(None, self.patches.split(",")))
@@ -127,10 +130,11 @@ def target() -> Target:
     torch = compat.TORCH.installed()
     compat.TORCH.check(torch, " (installed here)")
     for_cpu = bool(torch) and cuda_toolkit.torch_for_cpu(os.environ)
-    build = horovod_patches.Build(found, torch or "", for_cpu)
+    gpu = gpu_build.asked(os.environ)
+    build = horovod_patches.Build(found, torch or "", for_cpu, gpu=bool(gpu))
     patches = ",".join(p.name for p in horovod_patches.needed(build))
     return Target(VERSION, found, f"{sys.version_info[0]}.{sys.version_info[1]}", cpu_id(),
-                  torch or "", patches)
+                  torch or "", patches, gpu)
 
 
 def cache_root() -> Path:
@@ -172,11 +176,11 @@ def _marker() -> Path:
 def installed_matches(t: Target) -> bool:
     """Whether this environment holds the Horovod built for ``t`` (by our marker and the
     installed metadata; nothing imported)."""
-    try:
-        recorded = json.loads(_marker().read_text())
-    except (OSError, ValueError):
+    try:  # a marker written before a field existed holds its default
+        recorded = Target(**json.loads(_marker().read_text()))
+    except (OSError, ValueError, TypeError):
         return False
-    return (recorded == asdict(t) and compat.HOROVOD.installed() == t.horovod
+    return (recorded == t and compat.HOROVOD.installed() == t.horovod
             and compat.horovod_tensorflow_extension() is not None
             and (not t.torch or compat.horovod_torch_extension() is not None))
 
@@ -208,6 +212,8 @@ def build_wheel(t: Target, dest: Path) -> Path:
         if t.patch_set():  # pip builds the patched sdist as it builds a released one
             sdist = patched_sdist(sdist, work / "patched", t.patch_set())
         env = dict(os.environ, **t.flags(), MAKEFLAGS=f"-j{os.cpu_count() or 1}")
+        if t.gpu:  # the toolkit for PyTorch's helpers too, and NCCL where the user has it
+            env.update(gpu_build.build_env(os.environ, gpu_build.site_packages(), work))
         patched = f", patched: {t.patches}" if t.patches else ""
         if horovod_patches.TORCH_CPU in t.patch_set():
             print(cuda_toolkit.describe_cpu_build(), flush=True)

@@ -25,6 +25,10 @@ patch              applies to                                      why
                                                                    about a quarter of the
                                                                    compile time and most of
                                                                    the wheel
+``tf-cpu-on-gpu``  builds with GPU operations (NCCL), where        a CUDA build's TensorFlow
+                   TensorFlow is built without CUDA                extension needs two GPU
+                   (tensorflow-cpu)                                symbols tensorflow-cpu
+                                                                   lacks: it would not load
 =================  ==============================================  ==========================
 """
 
@@ -56,6 +60,7 @@ class Build:
     tensorflow: str
     torch: str = ""  # "": a build without PyTorch
     torch_for_cpu: bool = False
+    gpu: bool = False  # GPU operations asked for (HOROVOD_GPU_OPERATIONS, ...)
 
 
 @dataclass(frozen=True)
@@ -70,8 +75,11 @@ class Patch:
     torch_from: str = ""  # with PyTorch from this release on ("": any)
     torch_below: str = ""  # with PyTorch before this release ("": any)
     torch_for_cpu: bool = False  # only to a CUDA-built PyTorch built here for CPU tensors
+    gpu: bool = False  # only to builds with GPU operations
 
     def applies(self, build: Build) -> bool:
+        if self.gpu and not build.gpu:
+            return False
         if self.with_torch and not build.torch:
             return False
         if self.torch_for_cpu and not build.torch_for_cpu:
@@ -170,7 +178,78 @@ NO_DEBUG_INFO = Patch(
                f'"${{CMAKE_{lang}_FLAGS_RELWITHDEBINFO}}")')
           for line, lang in ((89, "C"), (90, "CXX"), (91, "CUDA"))),
 )
-PATCHES = (CXX17, CXX20, TORCH_CPU, XLA_OPS, NO_DEBUG_INFO)
+# Definitions of the two kinds of TensorFlow GPU symbols Horovod's TensorFlow extension uses
+# and tensorflow-cpu does not export; compiled only where CMake finds TensorFlow without CUDA
+_TF_GPU_STUBS = r"""} // namespace horovod
+
+#if HAVE_CUDA && HOROVOD_TF_WITHOUT_CUDA
+// mlflow_hvd's tf-cpu-on-gpu patch: this TensorFlow has no GPU device, so the GPU kernels
+// above are registered and never run; these definitions only let the library load.
+#include <cstdio>
+#include <cstdlib>
+#include "tensorflow/core/kernels/dense_update_functor.h"
+
+namespace stream_executor {
+namespace gpu {
+GpuStreamHandle AsGpuStreamValue(Stream*) {
+  std::fprintf(stderr, "horovod: a GPU stream asked of a TensorFlow built without CUDA\n");
+  std::abort();
+}
+} // namespace gpu
+} // namespace stream_executor
+
+namespace tensorflow {
+namespace functor {
+#define HVD_TF_GPU_STUB(T)                                                          \
+  template <>                                                                       \
+  void DenseUpdate<GPUDevice, T, ASSIGN>::operator()(                               \
+      const GPUDevice&, typename TTypes<T>::Flat, typename TTypes<T>::ConstFlat) {  \
+    std::fprintf(stderr, "horovod: a GPU update asked of a TensorFlow built "       \
+                         "without CUDA\n");                                        \
+    std::abort();                                                                   \
+  }
+HVD_TF_GPU_STUB(Eigen::half)
+HVD_TF_GPU_STUB(int8)
+HVD_TF_GPU_STUB(bool)
+HVD_TF_GPU_STUB(double)
+HVD_TF_GPU_STUB(float)
+HVD_TF_GPU_STUB(uint8)
+HVD_TF_GPU_STUB(int32)
+HVD_TF_GPU_STUB(int64_t)
+#undef HVD_TF_GPU_STUB
+} // namespace functor
+} // namespace tensorflow
+#endif // HAVE_CUDA && HOROVOD_TF_WITHOUT_CUDA"""
+TF_XLA_SOURCES = 'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")'
+TF_CPU_ON_GPU = Patch(
+    "tf-cpu-on-gpu",
+    "A build with GPU operations compiles Horovod's TensorFlow extension with its GPU "
+    "kernels, which use TensorFlow's DenseUpdate<GpuDevice, T, ASSIGN> and "
+    "stream_executor::gpu::AsGpuStreamValue; tensorflow-cpu exports neither, and the "
+    "extension fails to load (undefined symbol). Where CMake finds TensorFlow built without "
+    "CUDA, mpi_ops.cc gets definitions of those nine symbols that abort with a message: such "
+    "a TensorFlow has no GPU device, so the kernels that would call them never run. One "
+    "wheel then serves GPU PyTorch (NCCL) and CPU TensorFlow; compiling the TensorFlow "
+    "sources without HAVE_GPU instead would change the layout of Horovod's common Event and "
+    "ReadyEvent, which the rest of the library is built with",
+    (
+        Edit("horovod/tensorflow/CMakeLists.txt", 79, TF_XLA_SOURCES,
+             TF_XLA_SOURCES + "\n"
+             'execute_process(COMMAND ${PY_EXE} -c "import tensorflow as tf; '
+             'print(tf.test.is_built_with_cuda())"\n'
+             "                OUTPUT_VARIABLE Tensorflow_CUDA OUTPUT_STRIP_TRAILING_WHITESPACE "
+             "ERROR_QUIET)\n"
+             'if(HAVE_CUDA AND NOT Tensorflow_CUDA MATCHES "True")\n'
+             '    message(STATUS "TensorFlow is built without CUDA: its GPU kernels load '
+             'and never run")\n'
+             "    set_source_files_properties(${PROJECT_SOURCE_DIR}/horovod/tensorflow/"
+             "mpi_ops.cc PROPERTIES COMPILE_DEFINITIONS HOROVOD_TF_WITHOUT_CUDA=1)\n"
+             "endif()"),
+        Edit("horovod/tensorflow/mpi_ops.cc", 1926, "} // namespace horovod", _TF_GPU_STUBS),
+    ),
+    gpu=True,
+)
+PATCHES = (CXX17, CXX20, TORCH_CPU, XLA_OPS, NO_DEBUG_INFO, TF_CPU_ON_GPU)
 
 
 def needed(build: Build) -> tuple[Patch, ...]:

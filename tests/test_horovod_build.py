@@ -28,7 +28,7 @@ def test_an_environment_with_its_horovod_is_seen_as_ready_without_importing_tens
     assert marker == {"horovod": "0.28.1", "tensorflow": horovod.target().tensorflow,
                       "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
                       "cpu": horovod.cpu_id(), "torch": horovod.target().torch,
-                      "patches": horovod.target().patches}
+                      "patches": horovod.target().patches, "gpu": ""}
 
 
 def test_check_loads_horovod_as_a_rank_does_and_reports_gloo() -> None:

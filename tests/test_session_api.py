@@ -349,7 +349,7 @@ def test_a_wait_for_task_slots_ends_on_stop() -> None:
     from mlflow_hvd.backends.spark.session import wait_for_slots
     from mlflow_hvd.errors import JobStopped
 
-    api = SimpleNamespace(kind="classic", remote=False, master=lambda: "spark://master:7077",
+    api = SimpleNamespace(remote=False, master=lambda: "spark://master:7077",
                           conf=lambda: {}, task_slots=lambda: 0, stopped=lambda: False)
     stop = threading.Event()
     timer = threading.Timer(0.3, stop.set)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from mlflow_hvd.backends.spark import private, removals
 from mlflow_hvd.common import network
 from mlflow_hvd.common.deadline import Deadline, Running
+from mlflow_hvd.common.phases import STOP_LOOK
 from mlflow_hvd.errors import BackendError, JobStopped
 
 PYTHON_CONF = "spark.sql.execution.pyspark.python"  # a session's Python workers' interpreter
@@ -57,7 +58,6 @@ def active_session() -> Any:
 class ClassicApi:
     """A classic session: its SparkContext's configuration, job groups and slots."""
 
-    kind = "classic"
     # an environment is given to the session as it is built (spark.archives), not per job
     ships_with_jobs: Literal[False] = False
     # this process holds the application (a SparkContext): its scheduler's state is visible
@@ -152,7 +152,6 @@ class ConnectApi:
     """A Spark Connect session: the server's configuration as the session reads it, its
     operation tags, and the DataFrame API only."""
 
-    kind = "connect"
     # an environment is uploaded to the session when its first job starts (addArtifacts)
     ships_with_jobs: Literal[True] = True
     # a client of a server elsewhere: the application's scheduler is out of sight
@@ -330,7 +329,7 @@ def run_stage(api: SessionApi, name: str, description: str, action: Callable[[],
 
     call = Running(name, submit)
     deadline = Deadline.after(timeout)
-    while not call.wait(deadline.slice(STOP_POLL)):
+    while not call.wait(deadline.slice(STOP_LOOK)):
         stopped = stop is not None and stop.is_set()
         if stopped or deadline.passed():
             api.cancel(tag)
@@ -343,6 +342,3 @@ def run_stage(api: SessionApi, name: str, description: str, action: Callable[[],
     if error is not None and not isinstance(error, Exception):
         raise error  # KeyboardInterrupt, SystemExit: not the stage's outcome
     return StageOutcome(True, None if error else call.result(), error)
-
-
-STOP_POLL = 0.1  # seconds between two looks at the stop request while Spark works

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-old-end test-new-end lint typecheck docs clean lock
+.PHONY: setup demo test test-gpu test-old-end test-new-end lint typecheck docs clean lock
 
 setup:
 	bash scripts/setup.sh
@@ -29,6 +29,12 @@ docs: setup
 # JVM, no TensorFlow rank), main tier, cluster tier, and the old end. TIERS="fast" runs one.
 test:
 	PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_tiers.sh
+
+# The GPU tier, on a machine with NVIDIA GPUs (scripts/gpu_tier.sh): NCCL collectives, the
+# examples on one GPU per rank, Spark's GPU scheduling, torch.distributed on nccl, in the new
+# end's environment with Horovod's NCCL build. Without a GPU: one line, exit 77 (skipped).
+test-gpu:
+	PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/gpu_tier.sh
 
 # The old end of the supported ranges (Python 3.12, TensorFlow 2.16, pyspark 3.5, MLflow
 # 3.10) in its own venv, installed as into a user's existing environment; `make test` runs it.

@@ -69,6 +69,27 @@ find_python() {
   return 1
 }
 
+# The new end also checks Horovod's NCCL build (docs/gpus.md: the wheel for GPU nodes) on
+# this machine without a GPU: built as a user builds it (compiled when its inputs change,
+# from the wheel cache otherwise), installed, tested (tests/test_gpu_wheel.py, tier
+# new-end-gpu), and the CPU build put back (from the cache: seconds; a run stopped in between
+# leaves a marker that makes the next run put it back). Its JUnit report is the tests' with
+# "-gpu" added. GPU_WHEEL=0 leaves it out.
+gpu_wheel() {
+  local junit=() arg t0 rc=0
+  for arg in "$@"; do
+    case "$arg" in --junitxml=*) junit=("${arg%.xml}-gpu.xml" -o junit_duration_report=total) ;; esac
+  done
+  t0=$(date +%s)
+  HOROVOD_GPU_OPERATIONS=NCCL "${PREP[@]}" "$PY" -m mlflow_hvd.cli.horovod \
+    || die "the NCCL build failed (above)"
+  (cd "$ROOT" && MLFLOW_HVD_TIER=new-end-gpu "${PREP[@]}" "$PY" -m pytest -ra -m gpu_wheel \
+    "${junit[@]}") || rc=$?
+  "${PREP[@]}" "$PY" -m mlflow_hvd.cli.horovod  # the CPU build again
+  [ "$rc" = 0 ] || die "the NCCL build's tests failed (exit $rc, above)"
+  echo "$NAME: the NCCL build checked in $(($(date +%s) - t0))s; the CPU build is back"
+}
+
 PYTHON="$(find_python)" || die "Python $PYVER not found: install it (e.g. 'pyenv install $PYVER') or set PYTHON_${END^^}_END=/path/to/python$PYVER"
 [ "$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "$PYVER" ] \
   || die "$PYTHON is not Python $PYVER"
@@ -131,6 +152,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$KEY" ]; then
   echo "$KEY" > "$STAMP"
 fi
 "${PREP[@]}" "$PY" -m mlflow_hvd.cli.horovod
+if [ "$END" = new ] && [ "${GPU_WHEEL:-1}" != 0 ]; then gpu_wheel "$@"; fi
 "$PY" -c "import sys, mlflow, pyspark, tensorflow as tf, keras; print('$NAME: Python %d.%d.%d' % sys.version_info[:3], 'TensorFlow', tf.__version__, 'Keras', keras.__version__, 'pyspark', pyspark.__version__, 'MLflow', mlflow.__version__)" 2>/dev/null
 [ "$PREPARE_ONLY" = 1 ] && exit 0
 flock -u 9

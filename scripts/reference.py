@@ -89,6 +89,11 @@ VARIABLES = {
     "HOROVOD_CUDA_HOME": "The CUDA toolkit Horovod's build uses (before `CUDA_HOME`).",
     "CUDA_HOME": "The CUDA toolkit a build uses, as PyTorch finds it.",
     "CUDA_PATH": "The CUDA toolkit a build uses, after `CUDA_HOME`.",
+    "HOROVOD_NCCL_HOME": "An NCCL installation a GPU build takes instead of NVIDIA's wheel "
+                         "(Horovod's own variable; its `lib` becomes the extensions' run "
+                         "path).",
+    "HOROVOD_NCCL_LIB": "NCCL's library directory for a GPU build (Horovod's own variable; "
+                        "the extensions' run path).",
     "GLOO_SOCKET_IFNAME": "The network interface torch.distributed's Gloo uses, when the "
                           "host's environment names one (else Horovod's: the one that "
                           "routes to the driver).",

@@ -14,7 +14,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-TIERS = ("fast", "main", "beside", "old-end", "new-end", "cluster")
+TIERS = ("fast", "main", "beside", "old-end", "new-end", "new-end-gpu", "cluster")
 
 
 def slowest(logs: Path, count: int) -> tuple[list[tuple[float, str, str]], list[str]]:

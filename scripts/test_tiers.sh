@@ -18,6 +18,8 @@
 #             2.14's CUDA build, ...): its environment prepared from the start, in the
 #             background (scripts/end_tier.sh new), its tests beside the cluster tier's
 #             tail, once main is done; reported here
+#             (its preparation also builds, installs and tests Horovod's NCCL build on
+#             this GPU-less machine, then puts the CPU build back: tier new-end-gpu)
 #
 # Each tier's wall time is printed when it ends, and all of them at the end (also on
 # failure), with this machine's speed (two concurrent TensorFlow+Horovod imports) and the

@@ -230,7 +230,21 @@ MARKED_BY_FIXTURE = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# tests that need a build or devices of their own: run only in their tier, deselected in
+# every other (never skipped: a skip would read as a pass nowhere and a failure in CI)
+ONLY_IN_TIER = {"gpu_wheel": "new-end-gpu", "gpu": "gpu"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tier = os.environ.get("MLFLOW_HVD_TIER", "")
+    elsewhere = [item for item in items
+                 if any(item.get_closest_marker(marker) and tier != own
+                        for marker, own in ONLY_IN_TIER.items())]
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        dropped = set(elsewhere)
+        items[:] = [item for item in items if item not in dropped]
+        config.stash[_ELSEWHERE] = len(elsewhere)
     warm_modules = set()
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):
@@ -241,6 +255,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 warm_modules.add(item.nodeid.split("::")[0])
     # the modules on the session's warm ranks last, whole and in their order (a stable sort)
     items.sort(key=lambda item: item.nodeid.split("::")[0] in warm_modules)
+
+
+_ELSEWHERE = pytest.StashKey[int]()
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
+    count = config.stash.get(_ELSEWHERE, 0)
+    if not count:
+        return None
+    return (f"{count} tests of other tiers deselected: the NCCL build's (gpu_wheel: "
+            "scripts/end_tier.sh new) and the GPU tier's (gpu: make test-gpu)")
 
 
 FAST_TIER = os.environ.get("MLFLOW_HVD_TIER") == "fast"

@@ -102,7 +102,8 @@ def _unpacked(sdist: Path, into: Path) -> Path:
     ("2.21.0", "2.14.1", True, False, ["cxx20", "torch-cpu", "xla-ops"]),
     ("2.18.1", "2.13.0", True, False, ["cxx17", "torch-cpu"]),
     # GPU operations asked for (NCCL): the TensorFlow extension loads beside tensorflow-cpu
-    ("2.21.0", "2.14.1", False, True, ["cxx20", "xla-ops", "tf-cpu-on-gpu"]),
+    # ... and CMake's run path of the build machine left out
+    ("2.21.0", "2.14.1", False, True, ["cxx20", "xla-ops", "tf-cpu-on-gpu", "gpu-runpath"]),
 ])
 def test_each_versions_patches_apply_to_the_released_sdist_and_change_only_their_lines(
         sdist: Path, released: Path, patched_trees: dict[tuple[str, ...], Path],
@@ -110,7 +111,8 @@ def test_each_versions_patches_apply_to_the_released_sdist_and_change_only_their
         gpu: bool, names: list[str]) -> None:
     patches = horovod_patches.needed(
         horovod_patches.Build(tensorflow, torch, for_cpu, gpu=gpu))
-    names = [*names[:len(names) - gpu], "no-debug-info", *names[len(names) - gpu:]]
+    cut = len(names) - 2 * gpu  # the two GPU patches come after no-debug-info
+    names = [*names[:cut], "no-debug-info", *names[cut:]]
     assert [p.name for p in patches] == names  # in PATCHES' order; no-debug-info: every build
     key = tuple(names)
     if key not in patched_trees:  # versions that need the same patches share one tree
@@ -319,6 +321,56 @@ def test_a_toolkit_is_usable_only_with_nvcc_and_its_runtime_library(tmp_path: Pa
                                       "CUDA_HOME": str(part)}).home == str(whole)
 
 
+def test_a_gpu_build_looks_past_an_nvcc_wrapper_to_the_default_toolkit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``nvcc`` on PATH can be a wrapper script outside its toolkit (``/usr/local/bin``):
+    PyTorch's helpers then take ``/usr/local``; a GPU build takes ``/usr/local/cuda`` when
+    that is usable, and a toolkit the user named as it is."""
+    from mlflow_hvd.cli import cuda_toolkit
+
+    whole = _toolkit(tmp_path / "cuda")
+    wrapper = _toolkit(tmp_path / "usr-local", cudart=None)
+    monkeypatch.setattr(cuda_toolkit, "DEFAULT_HOME", str(whole))
+    env = {"PATH": str(wrapper / "bin")}
+    assert cuda_toolkit.find_toolkit(env).home == str(wrapper)  # PyTorch's choice
+    assert cuda_toolkit.gpu_toolkit(env).home == str(whole)
+    monkeypatch.setattr(cuda_toolkit, "torch_cuda", lambda path=None: "13.0")
+    assert cuda_toolkit.torch_for_cpu(env) is True  # no GPU operations: PyTorch's choice
+    assert cuda_toolkit.torch_for_cpu({**env, "HOROVOD_GPU_OPERATIONS": "NCCL"}) is False
+    assert cuda_toolkit.gpu_toolkit({**env, "CUDA_HOME": str(wrapper)}).home == str(wrapper)
+    monkeypatch.setattr(cuda_toolkit, "DEFAULT_HOME", str(tmp_path / "none"))
+    found = cuda_toolkit.gpu_toolkit(env)
+    assert (found.home, found.usable) == (str(wrapper), False)  # named in the error
+
+
+def test_an_extensions_check_names_its_gpu_build_and_what_a_node_lacks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow_hvd.common.horovod_probe import ExtensionCheck
+
+    gpu = ExtensionCheck("torch", True, True, "0.28.1", "2.14.1", "", 23007, True)
+    assert gpu.describe() == "Horovod 0.28.1 with Gloo, CUDA and NCCL 2.30.7 and PyTorch 2.14.1"
+    cpu = ExtensionCheck("tensorflow", True, True, "0.28.1", "2.21.0", "")
+    assert cpu.describe() == "Horovod 0.28.1 with Gloo and TensorFlow 2.21.0"
+    lacking = ExtensionCheck("tensorflow", False, False, "", "", (
+        "ImportError: libnccl.so.2: cannot open shared object file: No such file or directory"))
+    assert lacking.describe().endswith(
+        "(libnccl.so* is missing: this Horovod was built with NCCL: install it in this "
+        "environment (pip install nvidia-nccl-cu13, or -cu12 as the build's CUDA) or the "
+        "system's (libnccl2))")
+    # a GPU build that came out without NCCL fails its check, naming how to rebuild
+    tf_gpu = ExtensionCheck("tensorflow", True, True, "0.28.1", "2.21.0", "", 0, True)
+    monkeypatch.setattr(horovod, "load_extensions", lambda names, timeout: (tf_gpu,))
+    assert horovod.verify() == "Horovod 0.28.1 with Gloo, CUDA and TensorFlow 2.21.0"
+    with pytest.raises(horovod.InstallError, match=(
+            r"built without NCCL though HOROVOD_GPU_OPERATIONS=NCCL asked for it. Rebuild it: "
+            r"HOROVOD_GPU_OPERATIONS=NCCL python -m mlflow_hvd.cli.horovod --rebuild")):
+        horovod.verify(gpu="HOROVOD_GPU_OPERATIONS=NCCL")
+    both = (dataclasses.replace(tf_gpu, nccl=23007), gpu)
+    monkeypatch.setattr(horovod, "load_extensions", lambda names, timeout: both)
+    assert horovod.verify(torch=True, gpu="HOROVOD_GPU_OPERATIONS=NCCL") == (
+        "Horovod 0.28.1 with Gloo, CUDA and NCCL 2.30.7 and TensorFlow 2.21.0 and PyTorch 2.14.1")
+
+
 def test_pytorch_is_built_for_cpu_tensors_only_when_cuda_but_no_toolkit_and_no_gpu_ops(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow_hvd.cli import cuda_toolkit
@@ -373,8 +425,13 @@ def test_a_gpu_build_finds_nccl_where_the_user_has_it_and_says_what_is_missing(
     assert env["LDFLAGS"] == "-L/opt/x -Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib"
     assert gpu_build.asked(asked) == "HOROVOD_GPU_OPERATIONS=NCCL"
 
+    # the user's NCCL: Horovod's search, and a run path to its libraries (the build keeps
+    # none of CMake's: the gpu-runpath patch)
     own = gpu_build.build_env({**asked, "HOROVOD_NCCL_HOME": "/opt/nccl"}, site, work)
-    assert own == {"CUDA_HOME": str(cuda), "HOROVOD_CUDA_HOME": str(cuda)}  # Horovod's search
+    assert own == {"CUDA_HOME": str(cuda), "HOROVOD_CUDA_HOME": str(cuda),
+                   "LDFLAGS": "-L/opt/x -Wl,-rpath,/opt/nccl/lib"}
+    own = gpu_build.build_env({**asked, "HOROVOD_NCCL_LIB": "/opt/nccl/lib64"}, site, work)
+    assert own["LDFLAGS"] == "-L/opt/x -Wl,-rpath,/opt/nccl/lib64"
 
     with pytest.raises(InstallError, match=r"asks Horovod for NCCL, and none is here: "
                                            r"install NVIDIA's wheel for your CUDA"):

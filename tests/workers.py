@@ -1644,3 +1644,108 @@ def petastorm_refusals(train: Any) -> list[str]:
         else:
             said.append("accepted")
     return said
+
+
+def gpu_collectives() -> list[dict[str, Any]]:
+    """NCCL through horovod.torch on CUDA tensors, each rank pinned to one GPU by its local
+    rank (step 2 of the migration); every rank's view, gathered."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.cuda.set_device(hvd.local_rank())
+    rank, size = hvd.rank(), hvd.size()
+    device = torch.device("cuda", torch.cuda.current_device())
+    total = hvd.allreduce(torch.tensor([float(rank + 1)], device=device), op=hvd.Sum)
+    mean = hvd.allreduce(torch.tensor([float(rank)], device=device), op=hvd.Average)
+    gathered = hvd.allgather(torch.tensor([rank * 10, rank * 10 + 1], device=device))
+    bcast = hvd.broadcast(torch.tensor([float(rank + 100)], device=device), root_rank=0)
+    big = hvd.allreduce(torch.full((1 << 22,), float(rank + 1), device=device), op=hvd.Sum)
+    outputs = (total, mean, gathered, bcast, big)
+    return hvd.allgather_object({
+        "rank": rank, "size": size, "local_rank": hvd.local_rank(),
+        "nccl": int(hvd.nccl_built()),
+        "devices": sorted({str(t.device) for t in outputs}),
+        "uuid": str(torch.cuda.get_device_properties(device).uuid),
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "own": os.environ.get("MLFLOW_HVD_TASK_DEVICES"),
+        "sum": total.cpu().tolist(), "mean": mean.cpu().tolist(),
+        "gathered": gathered.cpu().tolist(), "broadcast": bcast.cpu().tolist(),
+        "big_exact": bool((big == size * (size + 1) / 2).all()),
+    })
+
+
+def gpu_torch_steps(steps: int = 60, batch: int = 512) -> list[dict[str, Any]]:
+    """A horovod.torch training loop on one GPU per rank (init, pin, a shard of its own, a
+    scaled learning rate, the distributed optimizer, rank 0's initial state): each rank's
+    GPU, peak GPU memory and steps/s, and its weights' checksum, gathered."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.cuda.set_device(hvd.local_rank())
+    device = torch.device("cuda")
+    generator = torch.Generator().manual_seed(1000 + hvd.rank())  # this rank's own shard
+    x = torch.randn(batch * 8, 1024, generator=generator).to(device)
+    y = torch.randint(0, 10, (batch * 8,), generator=generator).to(device)
+    torch.manual_seed(hvd.rank())
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 10)).to(device)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+        named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def step(i: int) -> None:
+        rows = slice((i % 8) * batch, (i % 8 + 1) * batch)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+        optimizer.step()
+
+    step(0)  # NCCL's communicators and the kernels' first launch, outside the timing
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - started
+    checksum = float(sum(p.detach().double().sum().item() for p in model.parameters()))
+    return hvd.allgather_object({
+        "rank": hvd.rank(), "device": str(next(model.parameters()).device),
+        "uuid": str(torch.cuda.get_device_properties(device).uuid),
+        "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
+        "steps_per_s": steps / elapsed, "checksum": checksum})
+
+
+def ddp_on_nccl(steps: int = 3) -> list[dict[str, Any]]:
+    """``torch.distributed`` as GPU code writes it: ``init_process_group("nccl")``, the device
+    from ``LOCAL_RANK``, DistributedDataParallel; an exact all_reduce and equal weights."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", local_rank)
+    total = torch.tensor([float(rank + 1)], device=device)
+    dist.all_reduce(total)
+    torch.manual_seed(rank)
+    model = DistributedDataParallel(torch.nn.Linear(8, 1).to(device), device_ids=[local_rank])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        x = torch.randn(16, 8, device=device, generator=None)
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().tolist()
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, {"rank": rank, "world": world, "backend":
+                                      dist.get_backend(), "sum": total.cpu().tolist(),
+                                      "weights": weights})
+    dist.destroy_process_group()
+    return everyone

@@ -81,6 +81,10 @@ def torch_cuda(path: list[str] | None = None) -> str:
     return value if isinstance(value, str) else ""
 
 
+HOMES = ("HOROVOD_CUDA_HOME", "CUDA_HOME", "CUDA_PATH")  # a toolkit the user named
+DEFAULT_HOME = "/usr/local/cuda"
+
+
 def find_toolkit(environ: Mapping[str, str]) -> Toolkit:
     """The toolkit PyTorch's ``cpp_extension`` would take as ``CUDA_HOME`` under ``environ``,
     and whether a build can use it."""
@@ -90,8 +94,25 @@ def find_toolkit(environ: Mapping[str, str]) -> Toolkit:
         nvcc = shutil.which("nvcc", path=environ.get("PATH", os.defpath))
         if nvcc:
             home = str(Path(nvcc).parent.parent)
-        elif Path("/usr/local/cuda").exists():
-            home = "/usr/local/cuda"
+        elif Path(DEFAULT_HOME).exists():
+            home = DEFAULT_HOME
+    return _checked(home)
+
+
+def gpu_toolkit(environ: Mapping[str, str]) -> Toolkit:
+    """The toolkit a build with GPU operations compiles with: the one named by
+    ``HOROVOD_CUDA_HOME``, ``CUDA_HOME`` or ``CUDA_PATH``, as it is; else PyTorch's choice when
+    usable, else ``/usr/local/cuda`` when that is (an ``nvcc`` on ``PATH`` can be a wrapper
+    outside its toolkit: ``/usr/local/bin/nvcc`` makes PyTorch's choice ``/usr/local``);
+    else PyTorch's choice, for the error that names what it lacks."""
+    found = find_toolkit(environ)
+    if found.usable or any(environ.get(name) for name in HOMES):
+        return found
+    default = _checked(DEFAULT_HOME)
+    return default if default.usable else found
+
+
+def _checked(home: str) -> Toolkit:
     if not home:
         return Toolkit("", "")
     root = Path(home)
@@ -118,10 +139,10 @@ def torch_for_cpu(environ: Mapping[str, str]) -> bool:
     cuda = torch_cuda()
     if not cuda:
         return False  # a CPU build of PyTorch: Horovod's own build
-    toolkit = find_toolkit(environ)
+    asked = gpu_operations(environ)
+    toolkit = gpu_toolkit(environ) if asked else find_toolkit(environ)
     if toolkit.usable:
         return False
-    asked = gpu_operations(environ)
     if asked:
         raise InstallError(
             f"{', '.join(asked)} asks Horovod for GPU operations, but {toolkit.describe()}. "

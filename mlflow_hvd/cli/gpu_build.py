@@ -23,7 +23,12 @@ from mlflow_hvd.errors import InstallError
 
 USER_NCCL = ("HOROVOD_NCCL_HOME", "HOROVOD_NCCL_INCLUDE", "HOROVOD_NCCL_LIB")
 # from site-packages/horovod/<framework>/mpi_lib*.so to site-packages/nvidia/nccl/lib
-NCCL_RPATH = "-Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib"
+NCCL_RPATH_DIR = "$ORIGIN/../../nvidia/nccl/lib"
+
+
+def _with_rpath(environ: Mapping[str, str], directory: str) -> str:
+    """The user's ``LDFLAGS`` with a run path to ``directory`` added."""
+    return " ".join(filter(None, (environ.get("LDFLAGS", ""), f"-Wl,-rpath,{directory}")))
 
 
 def nccl_wheel(site: Path) -> Path | None:
@@ -49,7 +54,7 @@ def build_env(environ: Mapping[str, str], site: Path, work: Path) -> dict[str, s
     Raises:
         InstallError: No usable CUDA toolkit, or no NCCL, naming what to install.
     """
-    toolkit = cuda_toolkit.find_toolkit(environ)
+    toolkit = cuda_toolkit.gpu_toolkit(environ)
     asked = ", ".join(cuda_toolkit.gpu_operations(environ))
     if not toolkit.usable:
         raise InstallError(
@@ -58,7 +63,12 @@ def build_env(environ: Mapping[str, str], site: Path, work: Path) -> dict[str, s
             "built")
     env = {"CUDA_HOME": toolkit.home, "HOROVOD_CUDA_HOME": toolkit.home}
     if any(environ.get(name) for name in USER_NCCL):
-        return env
+        # the build keeps no run path of its own (the gpu-runpath patch): the user's NCCL
+        # directory is the one it needs
+        named = environ.get("HOROVOD_NCCL_LIB") or (
+            str(Path(environ["HOROVOD_NCCL_HOME"]) / "lib")
+            if environ.get("HOROVOD_NCCL_HOME") else "")
+        return {**env, "LDFLAGS": _with_rpath(environ, named)} if named else env
     wheel = nccl_wheel(site)
     if wheel is not None:
         # Horovod's FindNCCL looks for libnccl.so; the wheel ships only its soname
@@ -67,9 +77,9 @@ def build_env(environ: Mapping[str, str], site: Path, work: Path) -> dict[str, s
         link = lib / "libnccl.so"
         link.unlink(missing_ok=True)
         link.symlink_to(wheel / "lib" / "libnccl.so.2")
-        flags = " ".join(filter(None, (environ.get("LDFLAGS", ""), NCCL_RPATH)))
         return {**env, "HOROVOD_NCCL_INCLUDE": str(wheel / "include"),
-                "HOROVOD_NCCL_LIB": str(lib), "HOROVOD_NCCL_LINK": "SHARED", "LDFLAGS": flags}
+                "HOROVOD_NCCL_LIB": str(lib), "HOROVOD_NCCL_LINK": "SHARED",
+                "LDFLAGS": _with_rpath(environ, NCCL_RPATH_DIR)}
     if system_nccl(toolkit.home) is not None:
         return env
     raise InstallError(

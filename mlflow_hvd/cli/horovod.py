@@ -284,20 +284,27 @@ def wheel_in(directory: Path) -> Path:
     return wheels[-1]
 
 
-def verify(torch: bool = False, timeout: float = CHECK_TIMEOUT) -> str:
+def verify(torch: bool = False, timeout: float = CHECK_TIMEOUT, gpu: str = "") -> str:
     """Load Horovod's TensorFlow extension (and, with ``torch``, its PyTorch one) in a fresh
-    interpreter, as a rank will, and check each has Gloo; returns what it reported.
+    interpreter, as a rank will, and check each has Gloo, and CUDA and NCCL where ``gpu``
+    (the GPU operations the build asked for) says so; returns what it reported.
 
     Raises:
-        InstallError: An extension does not load or lacks Gloo, with how to rebuild.
+        InstallError: An extension does not load or lacks what it was built for, with how
+            to rebuild.
     """
     checks = load_extensions(("tensorflow", "torch") if torch else ("tensorflow",), timeout)
     for check in checks:
         if not check.ok:
             raise InstallError(f"{check.describe()}. Rebuild it: {compat.HOROVOD_COMMAND} "
                                "--rebuild")
+        if gpu and not (check.cuda and ("NCCL" not in gpu or check.nccl)):
+            raise InstallError(
+                f"{check.describe()}: built without {'NCCL' if check.cuda else 'CUDA'} though "
+                f"{gpu} asked for it. Rebuild it: {gpu.replace(',', ' ')} "
+                f"{compat.HOROVOD_COMMAND} --rebuild")
     first, *rest = [c.describe() for c in checks]
-    return " and ".join([first, *(r.split(" and ", 1)[1] for r in rest)])
+    return " and ".join([first, *(r.rsplit(" and ", 1)[1] for r in rest)])
 
 
 def ensure(rebuild: bool = False) -> tuple[bool, str]:
@@ -324,7 +331,7 @@ def ensure(rebuild: bool = False) -> tuple[bool, str]:
     _pip("install", "--quiet", "--no-deps", "--force-reinstall", str(wheel), timeout=600)
     _marker().unlink(missing_ok=True)
     try:
-        report = verify(torch=bool(t.torch))
+        report = verify(torch=bool(t.torch), gpu=t.gpu)
     except InstallError:
         if serving is not None:  # another target's wheel, which its own environment loads
             return ensure(rebuild=True)  # so this one gets a wheel of its own
@@ -357,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"PyTorch {t.torch} is installed but Horovod here was built without it "
                     f"(no horovod.torch extension). Rebuild: {compat.HOROVOD_COMMAND} --rebuild"
                 )
-            print(verify(torch=bool(t.torch)))
+            print(verify(torch=bool(t.torch), gpu=t.gpu))
         else:
             print(ensure(rebuild=args.rebuild)[1])
     except MlflowHvdError as exc:

@@ -29,6 +29,10 @@ patch              applies to                                      why
                    TensorFlow is built without CUDA                extension needs two GPU
                    (tensorflow-cpu)                                symbols tensorflow-cpu
                                                                    lacks: it would not load
+``gpu-runpath``    builds with GPU operations (NCCL)               CMake's run path names
+                                                                   the build machine's
+                                                                   toolkit and temporary
+                                                                   directories
 =================  ==============================================  ==========================
 """
 
@@ -249,7 +253,21 @@ TF_CPU_ON_GPU = Patch(
     ),
     gpu=True,
 )
-PATCHES = (CXX17, CXX20, TORCH_CPU, XLA_OPS, NO_DEBUG_INFO, TF_CPU_ON_GPU)
+GPU_RUNPATH = Patch(
+    "gpu-runpath",
+    "Horovod ships its extensions as CMake linked them, with CMake's build run path: every "
+    "directory of a library linked by its full path, i.e. the build machine's CUDA toolkit "
+    "(/usr/local/cuda/lib64), PyTorch's lib directory in the build's environment and the "
+    "build's temporary directory. A GPU node has none of them (and a directory that exists "
+    "there by chance would be searched first). CMake's build run path is left out; the "
+    "extensions find NCCL through the one run path the build gives (beside Horovod in "
+    "site-packages, or the system's), and the frameworks' libraries as before: loaded by "
+    "`import tensorflow` and `import torch`",
+    (Edit("CMakeLists.txt", 21, "set(CMAKE_CXX_EXTENSIONS OFF)",
+          "set(CMAKE_CXX_EXTENSIONS OFF)\nset(CMAKE_SKIP_BUILD_RPATH ON)"),),
+    gpu=True,
+)
+PATCHES = (CXX17, CXX20, TORCH_CPU, XLA_OPS, NO_DEBUG_INFO, TF_CPU_ON_GPU, GPU_RUNPATH)
 
 
 def needed(build: Build) -> tuple[Patch, ...]:

@@ -71,8 +71,7 @@ def test_a_horovod_torch_loop_on_one_gpu_per_rank_prints_memory_and_speed(ranks:
 
 
 def test_the_pytorch_example_trains_on_gpus_tracked_by_rank_0(ranks: int, store: str) -> None:
-    sys.path.insert(0, str(REPO / "examples"))
-    import digits_torch
+    import digits_torch  # examples/ is on sys.path (conftest), as for the ranks
 
     runner = HorovodRunner(np=-ranks, job=JobConfig(stop_grace=2))
     result: dict[str, Any] = runner.run(digits_torch.train, epochs=2)
@@ -91,7 +90,6 @@ def test_the_keras_example_runs_with_one_gpu_per_rank(ranks: int, store: str) ->
     if not tf.test.is_built_with_cuda():
         warnings.warn(f"TensorFlow {tf.__version__} here is built without CUDA: the Keras "
                       "example computed on each rank's CPU", stacklevel=1)
-    sys.path.insert(0, str(REPO / "examples"))
     import digits_keras
 
     runner = HorovodRunner(np=-ranks, job=JobConfig(stop_grace=2))
@@ -130,7 +128,8 @@ def test_spark_schedules_one_gpu_per_task_with_the_nvidia_smi_discovery_script(
     code = DRIVER.format(ranks=ranks, script=str(REPO / "examples" / "get_gpus_resources.sh"))
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(
+                              None, (str(REPO / "tests"), os.environ.get("PYTHONPATH"))))})
     assert proc.returncode == 0, proc.stderr[-3000:]
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("VIEWS ")]
     views = json.loads(line[len("VIEWS "):])

@@ -6,6 +6,7 @@ silently lacks their extensions).
     python -m mlflow_hvd.cli.horovod            # build if needed, install, check
     python -m mlflow_hvd.cli.horovod --check    # only check what is installed
     python -m mlflow_hvd.cli.horovod --rebuild  # ignore the cached wheel
+    HOROVOD_GPU_OPERATIONS=NCCL python -m mlflow_hvd.cli.horovod  # the NCCL build (GPUs)
 
 The wheel is built once per Horovod, TensorFlow, PyTorch, Python and CPU and kept in
 ``$MLFLOW_HVD_CACHE/wheels`` (default ``~/.cache/mlflow_hvd/wheels``), so a second
@@ -19,6 +20,11 @@ Horovod 0.28.1 is the last release and predates today's frameworks: the source i
 before the build where a framework needs it, and built without debug information, each
 line checked first (the patches, their conditions and reasons:
 :mod:`mlflow_hvd.cli.horovod_patches`).
+
+With ``HOROVOD_GPU_OPERATIONS`` (or another of Horovod's ``HOROVOD_GPU_*`` switches) set,
+the build is Horovod's CUDA build with those operations, against the CUDA toolkit and NCCL
+found here (:mod:`mlflow_hvd.cli.gpu_build`), cached apart from the CPU build; its wheel also
+runs on nodes without a GPU.
 
 A marker in the environment records what was installed, so a check of an unchanged
 environment imports nothing and takes a fraction of a second.

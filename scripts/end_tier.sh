@@ -12,7 +12,7 @@
 #
 #   1. the user's environment: requirements/lock-<end>-end-py3.1x.txt (hash-checked, pip);
 #   2. `pip install -e '.[<extras>]'`, which must keep every version already there;
-#   3. `python -m mlflow_hvd.cli.horovod`, which builds Horovod against those frameworks
+#   3. `python -m mlflow_hvd.cli.horovod --cpu`, which builds Horovod against those frameworks
 #      (once: the wheel is cached like the main environment's).
 # Then runs the end's tests (`--prepare`: stops before them; `--status FILE`: also writes their
 # exit code and start and end times there; `--after FILE`: starts them once FILE exists, for
@@ -72,9 +72,9 @@ find_python() {
 # The new end also checks Horovod's NCCL build (docs/gpus.md: the wheel for GPU nodes) on
 # this machine without a GPU: built as a user builds it (compiled when its inputs change,
 # from the wheel cache otherwise), installed, tested (tests/test_gpu_wheel.py, tier
-# new-end-gpu), and the CPU build put back (from the cache: seconds; a run stopped in between
-# leaves a marker that makes the next run put it back). Its JUnit report is the tests' with
-# "-gpu" added. GPU_WHEEL=0 leaves it out.
+# new-end-gpu), and the CPU build put back (`--cpu`, from the cache: seconds; a run stopped
+# in between leaves the NCCL build, which the next run's `--cpu` replaces). Its JUnit report
+# is the tests' with "-gpu" added. GPU_WHEEL=0 leaves it out.
 gpu_wheel() {
   local junit=() arg t0 rc=0
   for arg in "$@"; do
@@ -85,8 +85,12 @@ gpu_wheel() {
     || die "the NCCL build failed (above)"
   (cd "$ROOT" && MLFLOW_HVD_TIER=new-end-gpu "${PREP[@]}" "$PY" -m pytest -ra -m gpu_wheel \
     "${junit[@]}") || rc=$?
-  "${PREP[@]}" "$PY" -m mlflow_hvd.cli.horovod  # the CPU build again
+  "${PREP[@]}" "$PY" -m mlflow_hvd.cli.horovod --cpu  # the CPU build again
   [ "$rc" = 0 ] || die "the NCCL build's tests failed (exit $rc, above)"
+  # the CPU build is what the check finds: no NCCL in either extension
+  local report
+  report="$("$PY" -m mlflow_hvd.cli.horovod --check)" || die "the CPU build's check failed"
+  case "$report" in *NCCL*) die "the CPU build did not come back: $report" ;; esac
   echo "$NAME: the NCCL build checked in $(($(date +%s) - t0))s; the CPU build is back"
 }
 
@@ -151,7 +155,8 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$KEY" ]; then
   echo "$NAME: mlflow_hvd installed; the environment's $(echo "$after" | wc -l) packages are unchanged"
   echo "$KEY" > "$STAMP"
 fi
-"${PREP[@]}" "$PY" -m mlflow_hvd.cli.horovod
+# the CPU build (--cpu: also where a stopped run left the NCCL build installed)
+"${PREP[@]}" "$PY" -m mlflow_hvd.cli.horovod --cpu
 if [ "$END" = new ] && [ "${GPU_WHEEL:-1}" != 0 ]; then gpu_wheel "$@"; fi
 "$PY" -c "import sys, mlflow, pyspark, tensorflow as tf, keras; print('$NAME: Python %d.%d.%d' % sys.version_info[:3], 'TensorFlow', tf.__version__, 'Keras', keras.__version__, 'pyspark', pyspark.__version__, 'MLflow', mlflow.__version__)" 2>/dev/null
 [ "$PREPARE_ONLY" = 1 ] && exit 0

@@ -6,7 +6,8 @@
 # It runs in the new end's environment (scripts/end_tier.sh new --prepare: Python 3.13,
 # PyTorch's CUDA 13 build, tensorflow-cpu 2.21) with Horovod's NCCL build installed
 # (HOROVOD_GPU_OPERATIONS=NCCL python -m mlflow_hvd.cli.horovod: compiled once, from the wheel
-# cache afterwards), then puts the environment's own build back. PYTEST_ARGS go to pytest.
+# cache afterwards) and left installed (`make test-new-end` puts its CPU build back). PYTEST_ARGS
+# go to pytest.
 # HOROVOD_BUILD_CUDA_CC_LIST=80,90 (Horovod's switch) compiles for those GPUs only.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,6 +34,5 @@ HOROVOD_GPU_OPERATIONS=NCCL "$PY" -m mlflow_hvd.cli.horovod || exit $?
 rc=0
 read -r -a EXTRA <<< "${PYTEST_ARGS:-}"
 MLFLOW_HVD_TIER=gpu "$PY" -m pytest -ra -s -m gpu "${EXTRA[@]}" || rc=$?
-"$PY" -m mlflow_hvd.cli.horovod  # the environment's own build again (make test's new end)
 echo "test-gpu: exit $rc after $(($(date +%s) - started))s on $(echo "$listed" | wc -l) GPU(s)"
 exit $rc

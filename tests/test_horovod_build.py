@@ -453,3 +453,54 @@ def test_a_gpu_build_is_another_wheel_and_a_cpu_builds_name_and_marker_stay() ->
     assert gpu.name != t.name and "-gpu" in gpu.name
     old_marker = {k: v for k, v in dataclasses.asdict(t).items() if k != "gpu"}
     assert horovod.Target(**old_marker) == t
+
+
+def test_an_installed_gpu_build_is_kept_unless_the_cpu_build_is_asked_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain command (and `mlflow run`'s environment completion) keeps the NCCL build a
+    user installed for these versions: it runs CPU ranks too; `--cpu` replaces it, a build
+    for other versions is replaced, and `--cpu` with a GPU switch is refused."""
+    from mlflow_hvd.cli import gpu_build
+
+    cpu_t = horovod.Target("0.28.1", "2.21.0", "3.13", "x86_64-0", "2.14.1",
+                           "cxx20,torch-cpu,xla-ops,no-debug-info")
+    gpu_t = horovod.Target("0.28.1", "2.21.0", "3.13", "x86_64-0", "2.14.1",
+                           "cxx20,xla-ops,no-debug-info,tf-cpu-on-gpu,gpu-runpath",
+                           "HOROVOD_GPU_OPERATIONS=NCCL")
+    marker = tmp_path / "marker.json"
+    marker.write_text(json.dumps(dataclasses.asdict(gpu_t)))
+    monkeypatch.delenv("HOROVOD_GPU_OPERATIONS", raising=False)
+    monkeypatch.setattr(horovod, "_marker", lambda: marker)
+    monkeypatch.setattr(horovod, "target", lambda environ=os.environ:
+                        gpu_t if gpu_build.asked(environ) else cpu_t)
+    # what is installed: the marker's build (the real check also asks pip and the files)
+    monkeypatch.setattr(horovod, "installed_matches",
+                        lambda t: horovod.Target(**json.loads(marker.read_text())) == t)
+    monkeypatch.setattr(horovod, "cache_root", lambda: tmp_path / "wheels")
+
+    class Built(Exception):
+        pass
+
+    def build(t: horovod.Target, dest: Path) -> Path:
+        raise Built(t)
+
+    monkeypatch.setattr(horovod, "build_wheel", build)
+    assert horovod.installed_gpu_build() == gpu_t
+    changed, said = horovod.ensure()
+    assert not changed
+    assert said == (f"Horovod 0.28.1 for TensorFlow 2.21.0 and PyTorch 2.14.1 is installed, "
+                    f"built with HOROVOD_GPU_OPERATIONS=NCCL: it runs CPU ranks as well "
+                    f"({marker}; --cpu installs the CPU build instead)")
+    with pytest.raises(Built) as built:
+        horovod.ensure(cpu=True)
+    assert built.value.args[0] == cpu_t
+    monkeypatch.setenv("HOROVOD_GPU_OPERATIONS", "NCCL")
+    with pytest.raises(horovod.InstallError, match=r"^--cpu asks for the CPU build, and "
+                       r"HOROVOD_GPU_OPERATIONS=NCCL for a GPU build: unset one$"):
+        horovod.ensure(cpu=True)
+    monkeypatch.delenv("HOROVOD_GPU_OPERATIONS")
+    marker.write_text(json.dumps(dataclasses.asdict(
+        dataclasses.replace(gpu_t, torch="2.13.0"))))  # built for another PyTorch
+    assert horovod.installed_gpu_build() is None
+    with pytest.raises(Built):
+        horovod.ensure()

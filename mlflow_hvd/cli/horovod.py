@@ -7,6 +7,7 @@ silently lacks their extensions).
     python -m mlflow_hvd.cli.horovod --check    # only check what is installed
     python -m mlflow_hvd.cli.horovod --rebuild  # ignore the cached wheel
     HOROVOD_GPU_OPERATIONS=NCCL python -m mlflow_hvd.cli.horovod  # the NCCL build (GPUs)
+    python -m mlflow_hvd.cli.horovod --cpu      # the CPU build where the NCCL build is
 
 The wheel is built once per Horovod, TensorFlow, PyTorch, Python and CPU and kept in
 ``$MLFLOW_HVD_CACHE/wheels`` (default ``~/.cache/mlflow_hvd/wheels``), so a second
@@ -45,6 +46,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -123,7 +125,8 @@ def cpu_id() -> str:
     return f"{platform.machine()}-{digest[:12]}"
 
 
-def target() -> Target:
+def target(environ: Mapping[str, str] = os.environ) -> Target:
+    """The build this environment needs, with the GPU operations ``environ`` asks for."""
     found = compat.TENSORFLOW.installed()
     if found is None:
         raise UnsupportedVersionError(
@@ -135,8 +138,10 @@ def target() -> Target:
     compat.check_tensorflow(found, " (installed here)")
     torch = compat.TORCH.installed()
     compat.TORCH.check(torch, " (installed here)")
-    for_cpu = bool(torch) and cuda_toolkit.torch_for_cpu(os.environ)
-    gpu = gpu_build.asked(os.environ)
+    gpu = gpu_build.asked(environ)
+    # a GPU build never takes the torch-cpu patch; its toolkit is checked when it compiles
+    # (a cached wheel installs where none is)
+    for_cpu = bool(torch) and not gpu and cuda_toolkit.torch_for_cpu(environ)
     build = horovod_patches.Build(found, torch or "", for_cpu, gpu=bool(gpu))
     patches = ",".join(p.name for p in horovod_patches.needed(build))
     return Target(VERSION, found, f"{sys.version_info[0]}.{sys.version_info[1]}", cpu_id(),
@@ -189,6 +194,20 @@ def installed_matches(t: Target) -> bool:
     return (recorded == t and compat.HOROVOD.installed() == t.horovod
             and compat.horovod_tensorflow_extension() is not None
             and (not t.torch or compat.horovod_torch_extension() is not None))
+
+
+def installed_gpu_build() -> Target | None:
+    """The GPU build installed here when it is the one this environment would build with its
+    GPU operations (None: none, or one for other versions)."""
+    try:
+        recorded = Target(**json.loads(_marker().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    if not recorded.gpu:
+        return None
+    switches = dict(item.split("=", 1) for item in recorded.gpu.split(","))
+    t = target({**os.environ, **switches})
+    return t if installed_matches(t) else None
 
 
 def _pip(*args: str, env: dict[str, str] | None = None, timeout: float) -> None:
@@ -313,10 +332,20 @@ def verify(torch: bool = False, timeout: float = CHECK_TIMEOUT, gpu: str = "") -
     return " and ".join([first, *(r.rsplit(" and ", 1)[1] for r in rest)])
 
 
-def ensure(rebuild: bool = False) -> tuple[bool, str]:
+def ensure(rebuild: bool = False, cpu: bool = False) -> tuple[bool, str]:
     """Make this environment's Horovod the one built for its TensorFlow; returns whether
-    anything was installed and a line saying what."""
+    anything was installed and a line saying what. An installed GPU build for these versions
+    is kept when no GPU operation is asked for (it runs CPU ranks as well), unless ``cpu``
+    or ``rebuild``."""
     t = target()
+    if cpu and t.gpu:
+        raise InstallError(f"--cpu asks for the CPU build, and {t.gpu} for a GPU build: "
+                           "unset one")
+    kept = None if (t.gpu or cpu or rebuild) else installed_gpu_build()
+    if kept is not None:
+        return False, (f"Horovod {t.horovod} for {t.frameworks()} is installed, built with "
+                       f"{kept.gpu}: it runs CPU ranks as well ({_marker()}; --cpu installs "
+                       "the CPU build instead)")
     if not rebuild and installed_matches(t):
         return False, f"Horovod {t.horovod} for {t.frameworks()} is installed ({_marker()})"
     started = time.monotonic()
@@ -356,6 +385,10 @@ def parser() -> argparse.ArgumentParser:
                        help="only check the installed Horovod (loads it; builds nothing)")
     group.add_argument("--rebuild", action="store_true",
                        help="build again even if a wheel for these versions is cached")
+    parser.add_argument("--cpu", action="store_true",
+                        help="install the CPU build where a GPU build (HOROVOD_GPU_OPERATIONS) "
+                             "is installed; without it, an installed GPU build for these "
+                             "versions is kept")
     return parser
 
 
@@ -364,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.check:
             t = target()
+            t = (installed_gpu_build() or t) if not t.gpu else t
             compat.check_horovod(tensorflow=True, where=" (installed here)")
             if t.torch and compat.horovod_torch_extension() is None:
                 raise InstallError(
@@ -372,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(verify(torch=bool(t.torch), gpu=t.gpu))
         else:
-            print(ensure(rebuild=args.rebuild)[1])
+            print(ensure(rebuild=args.rebuild, cpu=args.cpu)[1])
     except MlflowHvdError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -442,6 +442,28 @@ def test_a_gpu_build_finds_nccl_where_the_user_has_it_and_says_what_is_missing(
         gpu_build.build_env({**asked, "CUDA_HOME": str(tmp_path)}, site, work)
 
 
+def test_a_gpu_build_against_a_cpu_build_of_pytorch_is_refused_before_anything_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOROVOD_GPU_OPERATIONS with PyTorch's CPU build (``+cpu``, torch.version.cuda None):
+    refused naming both ways out, before the sdist is fetched; with PyTorch's CUDA build the
+    same environment is a GPU target."""
+    from mlflow_hvd.cli import cuda_toolkit
+
+    asked = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_GPU_ALLREDUCE": "NCCL"}
+    torch = horovod.compat.TORCH.installed()  # the test environment's: 2.13.0+cpu
+    assert torch
+    monkeypatch.setattr(cuda_toolkit, "torch_cuda", lambda path=None: "")
+    with pytest.raises(horovod.InstallError, match=(
+            r"^HOROVOD_GPU_ALLREDUCE=NCCL,HOROVOD_GPU_OPERATIONS=NCCL asks Horovod for GPU "
+            rf"operations, but PyTorch {re.escape(torch)} here is a CPU build "
+            r"\(torch\.version\.cuda is None\) .* or unset HOROVOD_GPU_ALLREDUCE, "
+            r"HOROVOD_GPU_OPERATIONS for the CPU build; nothing was built$")):
+        horovod.target(asked)
+    assert horovod.target({}).gpu == ""  # the CPU build as ever
+    monkeypatch.setattr(cuda_toolkit, "torch_cuda", lambda path=None: "13.0")
+    assert horovod.target(asked).gpu == "HOROVOD_GPU_ALLREDUCE=NCCL,HOROVOD_GPU_OPERATIONS=NCCL"
+
+
 def test_a_gpu_build_is_another_wheel_and_a_cpu_builds_name_and_marker_stay() -> None:
     """The wheel cache's key names GPU operations only when asked for: a CPU build's
     directory is the one it always was, and an install marker written before the field

@@ -139,6 +139,14 @@ def target(environ: Mapping[str, str] = os.environ) -> Target:
     torch = compat.TORCH.installed()
     compat.TORCH.check(torch, " (installed here)")
     gpu = gpu_build.asked(environ)
+    if gpu and torch and not cuda_toolkit.torch_cuda():
+        # Horovod's CMake stops there too, after the download and half a minute of pip
+        switches = ", ".join(a.split("=")[0] for a in gpu.split(","))
+        raise InstallError(
+            f"{gpu} asks Horovod for GPU operations, but PyTorch {torch} here is a CPU build "
+            "(torch.version.cuda is None) and Horovod's PyTorch extension would need CUDA's. "
+            "Install a CUDA build of PyTorch (on Linux, PyPI's default torch wheel), or unset "
+            f"{switches} for the CPU build; nothing was built")
     # a GPU build never takes the torch-cpu patch; its toolkit is checked when it compiles
     # (a cached wheel installs where none is)
     for_cpu = bool(torch) and not gpu and cuda_toolkit.torch_for_cpu(environ)

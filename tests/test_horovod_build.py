@@ -335,8 +335,7 @@ def test_a_gpu_build_looks_past_an_nvcc_wrapper_to_the_default_toolkit(
     assert cuda_toolkit.find_toolkit(env).home == str(wrapper)  # PyTorch's choice
     assert cuda_toolkit.gpu_toolkit(env).home == str(whole)
     monkeypatch.setattr(cuda_toolkit, "torch_cuda", lambda path=None: "13.0")
-    assert cuda_toolkit.torch_for_cpu(env) is True  # no GPU operations: PyTorch's choice
-    assert cuda_toolkit.torch_for_cpu({**env, "HOROVOD_GPU_OPERATIONS": "NCCL"}) is False
+    assert cuda_toolkit.torch_for_cpu(env) is True  # PyTorch's choice, not usable
     assert cuda_toolkit.gpu_toolkit({**env, "CUDA_HOME": str(wrapper)}).home == str(wrapper)
     monkeypatch.setattr(cuda_toolkit, "DEFAULT_HOME", str(tmp_path / "none"))
     found = cuda_toolkit.gpu_toolkit(env)
@@ -371,7 +370,7 @@ def test_an_extensions_check_names_its_gpu_build_and_what_a_node_lacks(
         "Horovod 0.28.1 with Gloo, CUDA and NCCL 2.30.7 and TensorFlow 2.21.0 and PyTorch 2.14.1")
 
 
-def test_pytorch_is_built_for_cpu_tensors_only_when_cuda_but_no_toolkit_and_no_gpu_ops(
+def test_pytorch_is_built_for_cpu_tensors_only_when_cuda_but_no_usable_toolkit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow_hvd.cli import cuda_toolkit
 
@@ -380,26 +379,13 @@ def test_pytorch_is_built_for_cpu_tensors_only_when_cuda_but_no_toolkit_and_no_g
     monkeypatch.setattr(cuda_toolkit, "torch_cuda", lambda path=None: "13.0")
     assert cuda_toolkit.torch_for_cpu({"CUDA_HOME": part}) is True
     assert cuda_toolkit.torch_for_cpu({"CUDA_HOME": whole}) is False  # Horovod's own build
-    assert cuda_toolkit.torch_for_cpu({"CUDA_HOME": whole, "HOROVOD_GPU_OPERATIONS": "NCCL"}
-                                      ) is False
-    with pytest.raises(horovod.InstallError) as info:
-        cuda_toolkit.torch_for_cpu({"CUDA_HOME": part, "HOROVOD_GPU_OPERATIONS": "NCCL",
-                                    "HOROVOD_GPU_ALLREDUCE": "NCCL"})
-    assert str(info.value) == (
-        "HOROVOD_GPU_OPERATIONS=NCCL, HOROVOD_GPU_ALLREDUCE=NCCL asks Horovod for GPU "
-        f"operations, but the CUDA toolkit at {part} is not usable: no libcudart under "
-        f"{part}/lib64 or {part}/lib. Install the CUDA toolkit 13.0 that PyTorch was built "
-        "with (nvcc and its runtime library) and set CUDA_HOME to it, or unset "
-        "HOROVOD_GPU_OPERATIONS, HOROVOD_GPU_ALLREDUCE for a build for CPU tensors; nothing "
-        "was built")
     monkeypatch.setattr(cuda_toolkit, "torch_cuda", lambda path=None: "")
-    # a CPU build of PyTorch: Horovod's own build, whatever is asked
-    assert cuda_toolkit.torch_for_cpu({"CUDA_HOME": part, "HOROVOD_GPU_OPERATIONS": "NCCL"}
-                                      ) is False
+    # a CPU build of PyTorch: Horovod's own build, whatever toolkit is here
+    assert cuda_toolkit.torch_for_cpu({"CUDA_HOME": part}) is False
 
 
 def test_a_gpu_build_finds_nccl_where_the_user_has_it_and_says_what_is_missing(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """HOROVOD_GPU_OPERATIONS=NCCL: the toolkit goes to PyTorch's helpers as well as to
     Horovod; NCCL from NVIDIA's wheel in site-packages (shared, its soname linked for
     Horovod's search, found at run time beside Horovod), or as the user set it; none at all,
@@ -439,6 +425,11 @@ def test_a_gpu_build_finds_nccl_where_the_user_has_it_and_says_what_is_missing(
     with pytest.raises(InstallError, match=r"HOROVOD_GPU_OPERATIONS=NCCL asks Horovod for "
                                            r"GPU operations, but the CUDA toolkit at .* is "
                                            r"not usable: no .*nvcc"):
+        gpu_build.build_env({**asked, "CUDA_HOME": str(tmp_path)}, site, work)
+    # against a CUDA build of PyTorch: the toolkit to install is the one it was built with
+    monkeypatch.setattr(gpu_build.cuda_toolkit, "torch_cuda", lambda path=None: "13.0")
+    with pytest.raises(InstallError, match=r"not usable: no .*nvcc.*\. Install the CUDA "
+                                           r"toolkit 13\.0 that PyTorch was built with \(nvcc"):
         gpu_build.build_env({**asked, "CUDA_HOME": str(tmp_path)}, site, work)
 
 

@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from importlib.metadata import distributions
 from pathlib import Path
 
-from mlflow_hvd.errors import InstallError
-
 # Horovod's switches for GPU collectives (its CMakeLists.txt): any of them asks for CUDA
 GPU_OPERATIONS = ("HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER",
                   "HOROVOD_GPU_BROADCAST", "HOROVOD_GPU_ALLTOALL", "HOROVOD_GPU_REDUCESCATTER")
@@ -130,27 +128,14 @@ def gpu_operations(environ: Mapping[str, str]) -> list[str]:
 
 
 def torch_for_cpu(environ: Mapping[str, str]) -> bool:
-    """Whether the installed PyTorch is a CUDA build that Horovod must be built against for
-    CPU tensors (no usable toolkit, no GPU operation asked for).
+    """Whether the installed PyTorch is a CUDA build with no usable toolkit here, so that
+    Horovod's build for CPU tensors must be built against it (the torch-cpu patch).
 
-    Raises:
-        InstallError: GPU operations are asked for and no usable toolkit is here.
+    Only for builds that ask for no GPU operation: a GPU build's toolkit is checked when it
+    compiles (:func:`mlflow_hvd.cli.gpu_build.build_env`), since its cached wheel installs
+    where no toolkit is.
     """
-    cuda = torch_cuda()
-    if not cuda:
-        return False  # a CPU build of PyTorch: Horovod's own build
-    asked = gpu_operations(environ)
-    toolkit = gpu_toolkit(environ) if asked else find_toolkit(environ)
-    if toolkit.usable:
-        return False
-    if asked:
-        raise InstallError(
-            f"{', '.join(asked)} asks Horovod for GPU operations, but {toolkit.describe()}. "
-            f"Install the CUDA toolkit {cuda} that PyTorch was built with (nvcc and its runtime "
-            "library) and set CUDA_HOME to it, or unset "
-            f"{', '.join(a.split('=')[0] for a in asked)} for a build for CPU tensors; "
-            "nothing was built")
-    return True
+    return bool(torch_cuda()) and not find_toolkit(environ).usable
 
 
 def describe_cpu_build() -> str:

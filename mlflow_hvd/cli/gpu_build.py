@@ -57,9 +57,11 @@ def build_env(environ: Mapping[str, str], site: Path, work: Path) -> dict[str, s
     toolkit = cuda_toolkit.gpu_toolkit(environ)
     asked = ", ".join(cuda_toolkit.gpu_operations(environ))
     if not toolkit.usable:
+        cuda = cuda_toolkit.torch_cuda()
+        which = f"CUDA toolkit {cuda} that PyTorch was built with" if cuda else "CUDA toolkit"
         raise InstallError(
             f"{asked} asks Horovod for GPU operations, but {toolkit.describe()}. Install the "
-            "CUDA toolkit (nvcc and its runtime library) and set CUDA_HOME to it; nothing was "
+            f"{which} (nvcc and its runtime library) and set CUDA_HOME to it; nothing was "
             "built")
     env = {"CUDA_HOME": toolkit.home, "HOROVOD_CUDA_HOME": toolkit.home}
     if any(environ.get(name) for name in USER_NCCL):

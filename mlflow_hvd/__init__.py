@@ -1,6 +1,10 @@
-"""mlflow_hvd: distributed TensorFlow/Keras training with Horovod on Spark, tracked in MLflow.
+"""mlflow_hvd: distributed PyTorch (torch.distributed) and TensorFlow/Keras or PyTorch with
+Horovod on Spark, tracked in MLflow.
 
-``HorovodRunner(np=...)`` is an open, working take on Databricks' HorovodRunner API.
+``HorovodRunner(np=...)`` is an open, working take on Databricks' HorovodRunner API;
+``TorchDistributor`` takes pyspark's arguments. Neither Horovod nor TensorFlow is imported
+unless the training function does (``pip install mlflow_hvd[torch]`` runs torch.distributed
+code without them).
 
 Package map (docs/architecture.md lists every module): ``runner`` (public API),
 ``driver/``, ``backends/``, ``sweep/`` and ``cli/`` run in the user's process (the driver);
@@ -10,7 +14,7 @@ task on an executor); ``rank/`` runs inside that process; ``tracking/``, ``keras
 ``errors`` are shared by every side.
 
 Attributes are imported lazily, so a rank's ``import mlflow_hvd`` does not pull in the
-driver stack (horovod's rendezvous server, Spark).
+driver stack (Spark, the channel's server).
 """
 
 from __future__ import annotations

@@ -95,8 +95,10 @@ class JobNotStartedError(BackendError):
 
 
 class IncompatibleImportError(MlflowHvdError, ImportError):
-    """A module that cannot work in this environment was imported in a rank (e.g. Horovod's
-    Keras layer under Keras 3); the message names the replacement."""
+    """A module that cannot work in this environment was imported (e.g. Horovod's Keras
+    layer under Keras 3, or mlflow_hvd's Keras layer where TensorFlow or Horovod is not
+    installed); the message names the replacement or the command that installs what is
+    missing."""
 
 
 class TrackingError(MlflowHvdError):

@@ -84,6 +84,11 @@ VARIABLES = {
     "HOROVOD_RANK": "Set by the runner for each rank (Horovod's own): read by the rank's "
                     "shards and converter before `hvd.init()`.",
     "HOROVOD_SIZE": "Set by the runner for each rank: the number of ranks.",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT": "Set by the runner for each rank where the driver has "
+                                    "Horovod (its rendezvous server's port; with "
+                                    "`HOROVOD_GLOO_RENDEZVOUS_ADDR`): without it, a rank that "
+                                    "imports `horovod.torch` or `horovod.tensorflow` is "
+                                    "refused, naming the driver's missing Horovod.",
     "HOROVOD_LOCAL_RANK": "Set by the runner for each rank: its rank on its host.",
     "HOROVOD_HOSTNAME": "Set by the runner for each rank: its host as Horovod names it.",
     "HOROVOD_CUDA_HOME": "The CUDA toolkit Horovod's build uses (before `CUDA_HOME`).",

@@ -184,6 +184,58 @@ def test_the_cache_key_names_both_frameworks_and_the_patches() -> None:
                             "cxx17,xla-ops")
     assert [p.name for p in newest.patch_set()] == ["cxx17", "xla-ops"]
     assert newest.name.rsplit("-p", 1)[1] != both.name.rsplit("-p", 1)[1]
+    torch_only = horovod.Target("0.28.1", "", "3.11", "x86_64-abc", "2.13.0+cpu", "cxx17")
+    assert torch_only.name.startswith("horovod-0.28.1-torch2.13.0+cpu-py3.11-x86_64-abc-p")
+    assert (torch_only.flags()["HOROVOD_WITHOUT_TENSORFLOW"],
+            torch_only.flags()["HOROVOD_WITH_PYTORCH"]) == ("1", "1")
+    assert "HOROVOD_WITH_TENSORFLOW" not in torch_only.flags()
+    assert both.flags()["HOROVOD_WITH_TENSORFLOW"] == "1"
+    assert (torch_only.extensions(), both.extensions(), tf_only.extensions()) == (
+        ("torch",), ("tensorflow", "torch"), ("tensorflow",))
+    assert torch_only.frameworks() == "PyTorch 2.13.0+cpu"
+
+
+def test_horovod_is_built_for_the_frameworks_installed_pytorch_alone_included(
+        tmp_path: Path) -> None:
+    """The target is read from package metadata: PyTorch alone is a build without
+    TensorFlow, whose patches are only those that concern PyTorch's sources and Horovod's
+    own; with neither framework, the command refuses before anything is downloaded."""
+    code = ("import json\nfrom mlflow_hvd.cli import horovod\nt = horovod.target({})\n"
+            "print(json.dumps([t.tensorflow, t.torch, t.patches, t.frameworks()]))\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    hidden = ("import importlib.metadata as md, mlflow_hvd.common.compat as c\nreal = md.version\n"
+              "def version(name):\n"
+              "    if name.startswith(('tensorflow', 'torch')) and name not in SHOWN:\n"
+              "        raise md.PackageNotFoundError(name)\n"
+              "    return real(name)\n"
+              "c.version = version\n")
+    for shown, expected in (
+            (("torch",), ["", version_of("torch"), "cxx17,no-debug-info",
+                          f"PyTorch {version_of('torch')}"]),
+            (("tensorflow-cpu",), [version_of("tensorflow-cpu"), "", "xla-ops,no-debug-info",
+                                   f"TensorFlow {version_of('tensorflow-cpu')}"])):
+        proc = subprocess.run([sys.executable, "-c", f"SHOWN = {shown!r}\n" + hidden + code],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout) == expected
+    proc = subprocess.run([sys.executable, "-c", "SHOWN = ()\n" + hidden + (
+        "from mlflow_hvd.cli import horovod\nraise SystemExit(horovod.main([]))\n")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "MLFLOW_HVD_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"error: Neither PyTorch nor TensorFlow is installed in this environment ({sys.prefix}): "
+        "Horovod is built against the frameworks it finds. Install PyTorch >=2.13,<2.15 (pip "
+        "install 'mlflow_hvd[torch]') or TensorFlow >=2.16,<2.22 (pip install "
+        "'mlflow_hvd[tensorflow-cpu]' (or 'mlflow_hvd[tensorflow]' for GPUs)), or both, first")
+    assert not (tmp_path / "cache").exists()  # nothing was downloaded or built
+
+
+def version_of(distribution: str) -> str:
+    from importlib.metadata import version
+
+    return version(distribution)
 
 
 def _cached(root: Path, t: horovod.Target, tag: str = "cp311-cp311") -> Path:
@@ -267,6 +319,10 @@ def test_a_wheel_without_the_pytorch_extension_is_refused(tmp_path: Path) -> Non
         "the Horovod wheel built for TensorFlow 2.18.1 and PyTorch 2.13.0+cpu lacks "
         f"horovod/torch/mpi_lib_v2{suffix}; nothing was cached or installed")
     horovod.check_wheel(wheel, horovod.Target("0.28.1", "2.18.1", "3.11", "x86_64-abc"))
+    with pytest.raises(horovod.InstallError, match=(  # a PyTorch-only build needs only its own
+            r"^the Horovod wheel built for PyTorch 2.13.0\+cpu lacks horovod/torch/")):
+        horovod.check_wheel(wheel, horovod.Target("0.28.1", "", "3.11", "x86_64-abc",
+                                                  "2.13.0+cpu"))
 
 
 def _fake_torch(site: Path, version: str, cuda: str | None) -> Path:
@@ -359,14 +415,16 @@ def test_an_extensions_check_names_its_gpu_build_and_what_a_node_lacks(
     # a GPU build that came out without NCCL fails its check, naming how to rebuild
     tf_gpu = ExtensionCheck("tensorflow", True, True, "0.28.1", "2.21.0", "", 0, True)
     monkeypatch.setattr(horovod, "load_extensions", lambda names, timeout: (tf_gpu,))
-    assert horovod.verify() == "Horovod 0.28.1 with Gloo, CUDA and TensorFlow 2.21.0"
+    tf_only = horovod.Target("0.28.1", "2.21.0", "3.11", "x86_64-abc")
+    assert horovod.verify(tf_only) == "Horovod 0.28.1 with Gloo, CUDA and TensorFlow 2.21.0"
+    nccl = "HOROVOD_GPU_OPERATIONS=NCCL"
     with pytest.raises(horovod.InstallError, match=(
             r"built without NCCL though HOROVOD_GPU_OPERATIONS=NCCL asked for it. Rebuild it: "
             r"HOROVOD_GPU_OPERATIONS=NCCL python -m mlflow_hvd.cli.horovod --rebuild")):
-        horovod.verify(gpu="HOROVOD_GPU_OPERATIONS=NCCL")
+        horovod.verify(dataclasses.replace(tf_only, gpu=nccl))
     both = (dataclasses.replace(tf_gpu, nccl=23007), gpu)
     monkeypatch.setattr(horovod, "load_extensions", lambda names, timeout: both)
-    assert horovod.verify(torch=True, gpu="HOROVOD_GPU_OPERATIONS=NCCL") == (
+    assert horovod.verify(dataclasses.replace(tf_only, torch="2.14.1", gpu=nccl)) == (
         "Horovod 0.28.1 with Gloo, CUDA and NCCL 2.30.7 and TensorFlow 2.21.0 and PyTorch 2.14.1")
 
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import sys
 
 import pytest
-from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
 from mlflow_hvd.common.layout import (
     assign_slots,
     rank_env,
-    to_slot_infos,
     torch_env,
     worker_command,
     worker_env,
@@ -33,8 +33,48 @@ def test_interleaved_hosts_get_contiguous_ranks_per_host_like_horovodrun() -> No
     assert [s.local_rank for s in slots] == [0, 0, 1, 1]
     assert [s.cross_rank for s in slots] == [0, 1, 0, 1]
     assert {(s.local_size, s.cross_size, s.size) for s in slots} == {(2, 2, 4)}
-    expected = get_host_assignments([HostInfo("a", 2), HostInfo("b", 2)], 4, 4)
-    assert sorted(to_slot_infos(slots), key=lambda s: s.rank) == expected
+
+
+def _every_placement(max_tasks: int) -> list[list[str]]:
+    """Every way to place 1..max_tasks tasks on hosts a, b, c (up to renaming)."""
+    placements = []
+    for n in range(1, max_tasks + 1):
+        for hosts in itertools.product("abc", repeat=n):
+            placements.append(list(hosts))
+    return placements
+
+
+def test_the_layout_and_variables_are_horovodruns_for_every_placement() -> None:
+    """The builders import no Horovod (torch.distributed jobs run without it); what they
+    give is what horovod's own functions give, for every placement of up to 6 tasks on 3
+    hosts (1,092 layouts)."""
+    from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
+    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+
+    placements = _every_placement(6)
+    assert len(placements) == 1092
+    for hosts in placements:
+        slots = assign_slots(hosts)
+        order = list(dict.fromkeys(hosts))
+        expected = get_host_assignments([HostInfo(h, hosts.count(h)) for h in order],
+                                        len(hosts), len(hosts))
+        assert sorted(slots, key=lambda s: s.rank) == [
+            RankSlot(**dataclasses.asdict(info)) for info in expected], hosts
+        assert slots[0].rank == 0
+        for slot in slots:
+            info = SlotInfo(**dataclasses.asdict(slot))
+            theirs = {k: str(v) for k, v in {**create_slot_env_vars(info),
+                                              **create_run_env_vars("10.0.0.5", ["eth0"],
+                                                                    41234)}.items()}
+            assert rank_env(slot, "10.0.0.5", 41234, "eth0") == {**theirs,
+                                                                  "PYTHONUNBUFFERED": "1"}
+
+
+def test_without_a_rendezvous_server_a_rank_gets_no_rendezvous_address() -> None:
+    slot = assign_slots(["a"])[0]
+    env = rank_env(slot, "10.0.0.5", 0, "eth0")
+    assert not {k for k in env if k.startswith("HOROVOD_GLOO_RENDEZVOUS")}
+    assert env["HOROVOD_RANK"] == "0" and env["HOROVOD_GLOO_IFACE"] == "eth0"
 
 
 def test_uneven_hosts_cross_sizes_match_horovod() -> None:

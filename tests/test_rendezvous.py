@@ -9,6 +9,7 @@ import threading
 import pytest
 from services import wait_until
 
+from mlflow_hvd.driver import gloo_server
 from mlflow_hvd.driver import rendezvous as rdv
 from mlflow_hvd.driver.rendezvous import Rendezvous
 
@@ -45,7 +46,7 @@ def test_a_request_for_a_missing_key_is_answered_when_the_key_arrives() -> None:
 def test_a_key_that_never_comes_is_not_found_after_the_hold(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(rdv, "HOLD_SECONDS", 0.3)
+    monkeypatch.setattr(gloo_server, "HOLD_SECONDS", 0.3)
     server = Rendezvous(2)
     try:
         assert _call(server.port, "GET", "/global/7")[0] == 404
@@ -81,7 +82,7 @@ def test_a_channel_that_cannot_listen_leaves_no_rendezvous_server_behind(
 
 def _outside_address() -> str:
     """An address of this machine that is not loopback (where a neighbour would connect)."""
-    from mlflow_hvd.driver.rendezvous import local_addresses
+    from mlflow_hvd.driver.gloo_server import local_addresses
 
     found = sorted(a for a in local_addresses() if ":" not in a and not a.startswith("127."))
     assert found, "this machine has no non-loopback IPv4 address to test with"
@@ -139,5 +140,27 @@ def test_a_driver_address_that_is_not_this_machines_listens_on_every_interface()
     try:
         assert server.on_layout(LayoutReport(0, (RankSlot("127.0.0.1", 0, 0, 0, 1, 1, 1),))) is None
         assert _call(server.port, "PUT", "/global/1", b"ok")[0] == 200
+    finally:
+        server.stop()
+
+
+def test_without_horovod_no_server_starts_and_the_layout_is_still_agreed() -> None:
+    """A driver without Horovod (torch.distributed code needs none) starts no server: port
+    0, which the agent turns into no HOROVOD_GLOO_RENDEZVOUS_* for the ranks."""
+    from mlflow_hvd.common.layout import assign_slots
+    from mlflow_hvd.protocol.messages import LayoutReport
+
+    before = {t.name for t in threading.enumerate()}
+    server = Rendezvous(2, horovod=False)
+    try:
+        assert server.port == 0
+        assert "mlflow-hvd-rendezvous" not in {t.name for t in threading.enumerate()} - before
+        slots = assign_slots(["a", "b"])
+        assert server.on_layout(LayoutReport(0, slots)) is None
+        assert server.on_layout(LayoutReport(1, slots)) is None
+        other = server.on_layout(LayoutReport(1, assign_slots(["a", "a"])))
+        assert other is not None and other.partition == 1
+        server.reset()
+        assert server.stats() == rdv.NO_SERVER
     finally:
         server.stop()

@@ -68,7 +68,7 @@ def test_a_generations_servers_listen_where_its_ranks_dial_or_everywhere_behind_
         generation = Generation(2, idle, dialled, warm=False)  # type: ignore[arg-type]
         try:
             assert generation.bind_host == (dialled if bound != "0.0.0.0" else "")
-            assert generation.rendezvous._server.server_address[0] == bound
+            assert generation.rendezvous.address == bound
             with socket.create_connection(("127.0.0.1", generation.port), timeout=5):
                 pass  # the channel listens where the ranks dial (loopback is here in both)
         finally:

@@ -1,7 +1,8 @@
-"""Builds Horovod against the TensorFlow (and PyTorch, when installed) in this environment,
-installs it and checks it: the one step pip cannot do, because Horovod compiles against the
-frameworks it finds at build time (pip's isolated build environment has none, and the result
-silently lacks their extensions).
+"""Builds Horovod against the frameworks installed in this environment (PyTorch, TensorFlow,
+or both), installs it and checks it: the one step pip cannot do, because Horovod compiles
+against the frameworks it finds at build time (pip's isolated build environment has none, and
+the result silently lacks their extensions). Only code that imports ``horovod`` needs it:
+torch.distributed code (DDP, FSDP, TorchDistributor) runs without.
 
     python -m mlflow_hvd.cli.horovod            # build if needed, install, check
     python -m mlflow_hvd.cli.horovod --check    # only check what is installed
@@ -9,13 +10,13 @@ silently lacks their extensions).
     HOROVOD_GPU_OPERATIONS=NCCL python -m mlflow_hvd.cli.horovod  # the NCCL build (GPUs)
     python -m mlflow_hvd.cli.horovod --cpu      # the CPU build where the NCCL build is
 
-The wheel is built once per Horovod, TensorFlow, PyTorch, Python and CPU and kept in
+The wheel is built once per Horovod, framework versions, Python and CPU and kept in
 ``$MLFLOW_HVD_CACHE/wheels`` (default ``~/.cache/mlflow_hvd/wheels``), so a second
 environment with the same versions installs it in seconds. The source is Horovod's sdist from
 the package index, verified against the hash below. The build is Horovod's own with
-``HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1
-HOROVOD_WITHOUT_MXNET=1`` and ``HOROVOD_WITH_PYTORCH=1`` where PyTorch is installed
-(``HOROVOD_WITHOUT_PYTORCH=1`` elsewhere): Gloo is what the runner drives, no MPI.
+``HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1``, and
+``HOROVOD_WITH_TENSORFLOW=1`` / ``HOROVOD_WITH_PYTORCH=1`` for each framework installed
+(``HOROVOD_WITHOUT_...=1`` for the other): Gloo is what the runner drives, no MPI.
 
 Horovod 0.28.1 is the last release and predates today's frameworks: the source is changed
 before the build where a framework needs it, and built without debug information, each
@@ -60,12 +61,13 @@ VERSION = compat.HOROVOD.low
 SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
 BUILD_FLAGS = {
     "HOROVOD_WITH_GLOO": "1",
-    "HOROVOD_WITH_TENSORFLOW": "1",
     "HOROVOD_WITHOUT_MPI": "1",
     "HOROVOD_WITHOUT_MXNET": "1",
 }
 TOOLS = ("cmake", "g++", "make")
 MARKER = ".mlflow_hvd-horovod.json"  # in sys.prefix
+# each framework's extension library in Horovod's package
+EXTENSION_LIBRARIES = {"tensorflow": "mpi_lib", "torch": "mpi_lib_v2"}
 BUILD_TIMEOUT = 3600.0
 CHECK_TIMEOUT = 300.0
 
@@ -75,7 +77,7 @@ class Target:
     """What a Horovod build is specific to: its wheel fits only these."""
 
     horovod: str
-    tensorflow: str
+    tensorflow: str  # the TensorFlow built against; empty: a PyTorch-only build
     python: str
     cpu: str
     torch: str = ""  # the PyTorch built against; empty: a TensorFlow-only build
@@ -94,7 +96,8 @@ class Target:
             patched = f"-p{digest}"
         # a GPU build is another wheel (a CPU build's name is as before: its cache stays)
         gpu = f"-gpu{hashlib.sha256(self.gpu.encode()).hexdigest()[:8]}" if self.gpu else ""
-        return (f"horovod-{self.horovod}-tf{self.tensorflow}{torch}-py{self.python}-"
+        tensorflow = f"-tf{self.tensorflow}" if self.tensorflow else ""
+        return (f"horovod-{self.horovod}{tensorflow}{torch}-py{self.python}-"
                 f"{self.cpu}{gpu}{patched}")
 
     def patch_set(self) -> tuple[horovod_patches.Patch, ...]:
@@ -104,11 +107,19 @@ class Target:
     def flags(self) -> dict[str, str]:
         """Horovod's build switches for this target."""
         torch = "HOROVOD_WITH_PYTORCH" if self.torch else "HOROVOD_WITHOUT_PYTORCH"
-        return {**BUILD_FLAGS, torch: "1"}
+        tensorflow = ("HOROVOD_WITH_TENSORFLOW" if self.tensorflow
+                      else "HOROVOD_WITHOUT_TENSORFLOW")
+        return {**BUILD_FLAGS, tensorflow: "1", torch: "1"}
+
+    def extensions(self) -> tuple[str, ...]:
+        """Horovod's framework extensions this build has (``tensorflow``, ``torch``)."""
+        return tuple(name for name, version in (("tensorflow", self.tensorflow),
+                                                ("torch", self.torch)) if version)
 
     def frameworks(self) -> str:
-        return f"TensorFlow {self.tensorflow}" + (f" and PyTorch {self.torch}"
-                                                  if self.torch else "")
+        return " and ".join(f"{name} {version}" for name, version in
+                            (("TensorFlow", self.tensorflow), ("PyTorch", self.torch))
+                            if version)
 
 
 def cpu_id() -> str:
@@ -126,17 +137,23 @@ def cpu_id() -> str:
 
 
 def target(environ: Mapping[str, str] = os.environ) -> Target:
-    """The build this environment needs, with the GPU operations ``environ`` asks for."""
+    """The build this environment needs: against the frameworks installed (PyTorch,
+    TensorFlow or both), with the GPU operations ``environ`` asks for.
+
+    Raises:
+        UnsupportedVersionError: Neither framework is installed, or one of an unsupported
+            version.
+    """
     found = compat.TENSORFLOW.installed()
-    if found is None:
+    torch = compat.TORCH.installed()
+    if found is None and torch is None:
         raise UnsupportedVersionError(
-            "TensorFlow is not installed in this environment "
-            f"({sys.prefix}): Horovod is built against it. Install tensorflow or "
-            f"tensorflow-cpu {compat.TENSORFLOW.range} first (e.g. "
-            "pip install 'mlflow_hvd[tensorflow-cpu]')"
+            f"Neither PyTorch nor TensorFlow is installed in this environment ({sys.prefix}): "
+            "Horovod is built against the frameworks it finds. Install PyTorch "
+            f"{compat.TORCH.range} (pip install 'mlflow_hvd[torch]') or TensorFlow "
+            f"{compat.TENSORFLOW.range} ({compat.TENSORFLOW_INSTALL}), or both, first"
         )
     compat.check_tensorflow(found, " (installed here)")
-    torch = compat.TORCH.installed()
     compat.TORCH.check(torch, " (installed here)")
     gpu = gpu_build.asked(environ)
     if gpu and torch and not cuda_toolkit.torch_cuda():
@@ -150,10 +167,10 @@ def target(environ: Mapping[str, str] = os.environ) -> Target:
     # a GPU build never takes the torch-cpu patch; its toolkit is checked when it compiles
     # (a cached wheel installs where none is)
     for_cpu = bool(torch) and not gpu and cuda_toolkit.torch_for_cpu(environ)
-    build = horovod_patches.Build(found, torch or "", for_cpu, gpu=bool(gpu))
+    build = horovod_patches.Build(found or "", torch or "", for_cpu, gpu=bool(gpu))
     patches = ",".join(p.name for p in horovod_patches.needed(build))
-    return Target(VERSION, found, f"{sys.version_info[0]}.{sys.version_info[1]}", cpu_id(),
-                  torch or "", patches, gpu)
+    return Target(VERSION, found or "", f"{sys.version_info[0]}.{sys.version_info[1]}",
+                  cpu_id(), torch or "", patches, gpu)
 
 
 def cache_root() -> Path:
@@ -169,8 +186,8 @@ def serving_wheel(t: Target, root: Path) -> Path | None:
     Python and CPU with PyTorch as well (its TensorFlow extension is the one such a build
     makes; its PyTorch extension is never loaded there, and an environment that installs
     PyTorch later is a new target, built for it). None when there is none, or ``t`` has
-    PyTorch (its extension must match that PyTorch exactly)."""
-    if t.torch:
+    PyTorch (its extension must match that PyTorch exactly) or no TensorFlow."""
+    if t.torch or not t.tensorflow:
         return None
     found = []
     for recorded in root.glob(f"*/{TARGET_FILE}"):
@@ -200,7 +217,7 @@ def installed_matches(t: Target) -> bool:
     except (OSError, ValueError, TypeError):
         return False
     return (recorded == t and compat.HOROVOD.installed() == t.horovod
-            and compat.horovod_tensorflow_extension() is not None
+            and (not t.tensorflow or compat.horovod_tensorflow_extension() is not None)
             and (not t.torch or compat.horovod_torch_extension() is not None))
 
 
@@ -250,8 +267,9 @@ def build_wheel(t: Target, dest: Path) -> Path:
         patched = f", patched: {t.patches}" if t.patches else ""
         if horovod_patches.TORCH_CPU in t.patch_set():
             print(cuda_toolkit.describe_cpu_build(), flush=True)
+        minutes = "4-8" if t.torch and t.tensorflow else "3-5"
         print(f"building Horovod {t.horovod} against {t.frameworks()} on Python {t.python}"
-              f"{patched} ({'4-8' if t.torch else '3-5'} minutes on 2 cores) ...", flush=True)
+              f"{patched} ({minutes} minutes on 2 cores) ...", flush=True)
         _pip("wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
              "-w", str(work / "wheel"), str(sdist), env=env, timeout=BUILD_TIMEOUT)
         check_wheel(wheel_in(work / "wheel"), t)
@@ -299,9 +317,7 @@ def check_wheel(wheel: Path, t: Target) -> None:
     """Refuse a wheel without the extension of each framework of ``t`` in its package (a
     build can succeed and still leave one out, or put it elsewhere)."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    needed = [f"horovod/tensorflow/mpi_lib{suffix}"]
-    if t.torch:
-        needed.append(f"horovod/torch/mpi_lib_v2{suffix}")
+    needed = [f"horovod/{name}/{EXTENSION_LIBRARIES[name]}{suffix}" for name in t.extensions()]
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     missing = [n for n in needed if n not in names]
@@ -317,16 +333,17 @@ def wheel_in(directory: Path) -> Path:
     return wheels[-1]
 
 
-def verify(torch: bool = False, timeout: float = CHECK_TIMEOUT, gpu: str = "") -> str:
-    """Load Horovod's TensorFlow extension (and, with ``torch``, its PyTorch one) in a fresh
-    interpreter, as a rank will, and check each has Gloo, and CUDA and NCCL where ``gpu``
-    (the GPU operations the build asked for) says so; returns what it reported.
+def verify(t: Target, timeout: float = CHECK_TIMEOUT) -> str:
+    """Load Horovod's extension of each framework of ``t`` in a fresh interpreter, as a rank
+    will, and check each has Gloo, and CUDA and NCCL where ``t.gpu`` (the GPU operations the
+    build asked for) says so; returns what it reported.
 
     Raises:
         InstallError: An extension does not load or lacks what it was built for, with how
             to rebuild.
     """
-    checks = load_extensions(("tensorflow", "torch") if torch else ("tensorflow",), timeout)
+    gpu = t.gpu
+    checks = load_extensions(t.extensions(), timeout)
     for check in checks:
         if not check.ok:
             raise InstallError(f"{check.describe()}. Rebuild it: {compat.HOROVOD_COMMAND} "
@@ -374,7 +391,7 @@ def ensure(rebuild: bool = False, cpu: bool = False) -> tuple[bool, str]:
     _pip("install", "--quiet", "--no-deps", "--force-reinstall", str(wheel), timeout=600)
     _marker().unlink(missing_ok=True)
     try:
-        report = verify(torch=bool(t.torch), gpu=t.gpu)
+        report = verify(t)
     except InstallError:
         if serving is not None:  # another target's wheel, which its own environment loads
             return ensure(rebuild=True)  # so this one gets a wheel of its own
@@ -406,13 +423,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             t = target()
             t = (installed_gpu_build() or t) if not t.gpu else t
-            compat.check_horovod(tensorflow=True, where=" (installed here)")
+            compat.check_horovod(tensorflow=bool(t.tensorflow), where=" (installed here)")
             if t.torch and compat.horovod_torch_extension() is None:
                 raise InstallError(
                     f"PyTorch {t.torch} is installed but Horovod here was built without it "
                     f"(no horovod.torch extension). Rebuild: {compat.HOROVOD_COMMAND} --rebuild"
                 )
-            print(verify(torch=bool(t.torch), gpu=t.gpu))
+            print(verify(t))
         else:
             print(ensure(rebuild=args.rebuild, cpu=args.cpu)[1])
     except MlflowHvdError as exc:

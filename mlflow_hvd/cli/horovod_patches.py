@@ -25,8 +25,8 @@ patch              applies to                                      why
                                                                    about a quarter of the
                                                                    compile time and most of
                                                                    the wheel
-``tf-cpu-on-gpu``  builds with GPU operations (NCCL), where        a CUDA build's TensorFlow
-                   TensorFlow is built without CUDA                extension needs two GPU
+``tf-cpu-on-gpu``  builds with TensorFlow and GPU operations       a CUDA build's TensorFlow
+                   (NCCL), where TensorFlow is built without CUDA  extension needs two GPU
                    (tensorflow-cpu)                                symbols tensorflow-cpu
                                                                    lacks: it would not load
 ``gpu-runpath``    builds with GPU operations (NCCL)               CMake's run path names
@@ -61,7 +61,7 @@ class Build:
     """What decides which patches a build needs: its frameworks, and whether its PyTorch is
     a CUDA build compiled here for CPU tensors only (:func:`cpu_only_torch`)."""
 
-    tensorflow: str
+    tensorflow: str  # "": a build without TensorFlow
     torch: str = ""  # "": a build without PyTorch
     torch_for_cpu: bool = False
     gpu: bool = False  # GPU operations asked for (HOROVOD_GPU_OPERATIONS, ...)
@@ -76,6 +76,7 @@ class Patch:
     edits: tuple[Edit, ...]
     tensorflow_from: str = ""  # applies from this TensorFlow on ("": any)
     with_torch: bool = False  # applies only to builds with PyTorch
+    with_tensorflow: bool = False  # applies only to builds with TensorFlow
     torch_from: str = ""  # with PyTorch from this release on ("": any)
     torch_below: str = ""  # with PyTorch before this release ("": any)
     torch_for_cpu: bool = False  # only to a CUDA-built PyTorch built here for CPU tensors
@@ -86,6 +87,8 @@ class Patch:
             return False
         if self.with_torch and not build.torch:
             return False
+        if (self.with_tensorflow or self.tensorflow_from) and not build.tensorflow:
+            return False  # the TensorFlow extension is not compiled
         if self.torch_for_cpu and not build.torch_for_cpu:
             return False
         if build.torch and (self.torch_from or self.torch_below):
@@ -252,6 +255,7 @@ TF_CPU_ON_GPU = Patch(
         Edit("horovod/tensorflow/mpi_ops.cc", 1926, "} // namespace horovod", _TF_GPU_STUBS),
     ),
     gpu=True,
+    with_tensorflow=True,
 )
 GPU_RUNPATH = Patch(
     "gpu-runpath",

@@ -68,12 +68,13 @@ def install_project(project: Path) -> None:
 
 def complete() -> None:
     """In an environment MLflow created: install this project (editable) and Horovod when
-    missing, saying what was installed; in the user's own environment: check that Horovod is
-    there. The entry points (``cli.train``, ``cli.sweep``) call it first, in their own
-    interpreter.
+    missing, saying what was installed; in the user's own environment: check the Horovod
+    there, if any (a training function of torch.distributed code needs none; one that imports
+    Horovod where it is missing fails naming the command that builds it). The entry points
+    (``cli.train``, ``cli.sweep``) call it first, in their own interpreter.
 
     Raises:
-        MlflowHvdError: An install failed, or Horovod is missing or unusable here.
+        MlflowHvdError: An install failed, or the Horovod here is of another version.
     """
     if mlflow_managed():
         if not installed_from(PROJECT):
@@ -83,8 +84,8 @@ def complete() -> None:
         if changed:
             importlib.invalidate_caches()  # this process imports Horovod next
             print(f"mlflow_hvd: {report}", flush=True)
-    else:
-        compat.check_horovod(tensorflow=True, where=f" (in {sys.prefix})")
+    elif compat.HOROVOD.installed() is not None:  # none is needed by torch.distributed code
+        compat.check_horovod(tensorflow=False, where=f" (in {sys.prefix})")
 
 
 def main(argv: list[str] | None = None) -> int:

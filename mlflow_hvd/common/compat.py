@@ -13,9 +13,10 @@ Versions are read from package metadata (nothing is imported). Checked:
   refused beside protobuf 7;
 * ``TF_USE_LEGACY_KERAS=1`` (Keras 2 as ``tf.keras``), on the driver and at the import of
   :mod:`mlflow_hvd.keras`: the drop-in layer is for Keras 3;
-* Horovod, on the driver by ``run()`` (its rendezvous server runs there): installed, 0.28.1,
-  and for ``np < 0`` built with its TensorFlow extension (seen as the extension's file; whether
-  it has Gloo is checked where it is loaded, by the rank's guard).
+* Horovod, on the driver by ``run()`` where it is installed (its rendezvous server runs
+  there): 0.28.1. Neither Horovod nor TensorFlow is needed for torch.distributed code: what
+  uses them says so, naming the command that installs it (:func:`require_tensorflow`,
+  :func:`require_horovod`; in a rank, :mod:`mlflow_hvd.rank.frameworks`).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 import sysconfig
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from packaging.version import InvalidVersion, Version
 
-from mlflow_hvd.errors import UnsupportedVersionError
+from mlflow_hvd.errors import IncompatibleImportError, UnsupportedVersionError
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,11 @@ HOROVOD = Supported(
     "Horovod", ("horovod",), "0.28.1", "0.28.2",
     "its rendezvous server and Gloo controller are what the runner drives",
 )
-# builds and installs Horovod against the installed TensorFlow (mlflow_hvd/cli/horovod.py)
+# builds and installs Horovod against the installed PyTorch and/or TensorFlow
+# (mlflow_hvd/cli/horovod.py)
 HOROVOD_COMMAND = "python -m mlflow_hvd.cli.horovod"
+TENSORFLOW_INSTALL = ("pip install 'mlflow_hvd[tensorflow-cpu]' (or 'mlflow_hvd[tensorflow]' "
+                      "for GPUs)")
 
 LEGACY_KERAS_VARIABLE = "TF_USE_LEGACY_KERAS"
 
@@ -171,12 +176,38 @@ def _horovod_extension(framework: str, library: str) -> str | None:
     return None
 
 
+def require_tensorflow(what: str) -> None:
+    """Refuse ``what`` (a layer or function that needs TensorFlow) where TensorFlow is not
+    installed, naming the install command (read from package metadata: nothing imported).
+
+    Raises:
+        IncompatibleImportError: TensorFlow is not installed in this environment.
+    """
+    if TENSORFLOW.installed() is None:
+        raise IncompatibleImportError(
+            f"{what} needs TensorFlow, which is not installed in this environment "
+            f"({sys.prefix}): {TENSORFLOW_INSTALL}, then `{HOROVOD_COMMAND}` for Horovod")
+
+
+def require_horovod(what: str) -> None:
+    """Refuse ``what`` where Horovod is not installed, naming the command that builds it.
+
+    Raises:
+        IncompatibleImportError: Horovod is not installed in this environment.
+    """
+    if HOROVOD.installed() is None:
+        raise IncompatibleImportError(
+            f"{what} needs Horovod, which is not installed in this environment "
+            f"({sys.prefix}): run `{HOROVOD_COMMAND}` (it builds Horovod {HOROVOD.low} "
+            "against the PyTorch and TensorFlow installed; docs/install.md)")
+
+
 def check_horovod(tensorflow: bool, where: str) -> None:
     """Refuse a missing Horovod, another version, or (``tensorflow``) one built without its
     TensorFlow extension, naming the command that builds the right one."""
     found = HOROVOD.installed()
     fix = (f"Run `{HOROVOD_COMMAND}`: it builds Horovod {HOROVOD.low} with Gloo against the "
-           "installed TensorFlow and installs it (docs/install.md)")
+           "installed PyTorch and TensorFlow and installs it (docs/install.md)")
     if found is None:
         raise UnsupportedVersionError(f"Horovod is not installed{where}. {fix}")
     if not HOROVOD.admits(found):
@@ -193,16 +224,19 @@ def check_horovod(tensorflow: bool, where: str) -> None:
 
 
 def check_driver(np: int) -> None:
-    """What ``HorovodRunner.run`` refuses before starting anything.
+    """What ``HorovodRunner.run`` refuses before starting anything. Neither TensorFlow nor
+    Horovod needs to be installed (torch.distributed code uses neither); where one is, it
+    must be of a supported version.
 
     Raises:
-        UnsupportedVersionError: pyspark (``np > 0``) or TensorFlow (``np < 0``) outside
-            its range, ``TF_USE_LEGACY_KERAS`` set, or Horovod missing, of another version or
-            (``np < 0``) without its TensorFlow extension.
+        UnsupportedVersionError: pyspark (``np > 0``) or an installed TensorFlow (``np < 0``)
+            outside its range, ``TF_USE_LEGACY_KERAS`` set, or an installed Horovod of
+            another version.
     """
     check_legacy_keras("in the driver's environment")
     if np > 0:
         PYSPARK.check(PYSPARK.installed(), " (the driver's)")
     else:
         check_tensorflow(TENSORFLOW.installed(), " (the driver's, which local ranks share)")
-    check_horovod(tensorflow=np < 0, where=" (the driver's)")
+    if HOROVOD.installed() is not None:  # its rendezvous server runs here
+        check_horovod(tensorflow=False, where=" (the driver's)")

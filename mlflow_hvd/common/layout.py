@@ -1,9 +1,11 @@
 """Pure builders: the rank layout, the per-rank environment and the worker command.
 
-No side effects here, so every function is unit-tested without processes. The layout and
-the HOROVOD_* variables come from horovod's own code (``get_host_assignments``,
-``create_slot_env_vars``, ``create_run_env_vars``), so ranks get exactly what ``horovodrun``
-would give them.
+No side effects here, so every function is unit-tested without processes. Nothing here
+imports Horovod: a job of torch.distributed code runs where Horovod is not installed. The
+layout and the HOROVOD_* variables are the ones ``horovodrun --gloo`` gives its ranks (its
+``get_host_assignments``, ``create_slot_env_vars`` and ``create_run_env_vars``); the main
+tier checks them against Horovod's own functions, layout for layout
+(tests/test_layout.py).
 """
 
 from __future__ import annotations
@@ -13,13 +15,6 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from mlflow_hvd.common.horovod_env import OWNED
-from mlflow_hvd.common.horovod_launcher import (
-    HostInfo,
-    SlotInfo,
-    create_run_env_vars,
-    create_slot_env_vars,
-    get_host_assignments,
-)
 from mlflow_hvd.protocol.credentials import ALL_VARS as CREDENTIAL_VARS
 from mlflow_hvd.protocol.messages import RankSlot
 
@@ -35,21 +30,24 @@ def assign_slots(task_hosts: Sequence[str]) -> tuple[RankSlot, ...]:
     Returns:
         The slot of each task, indexed like ``task_hosts``. Hosts are ordered by their first
         task, ranks are contiguous per host (as horovodrun assigns them), and task 0 is
-        always rank 0.
+        always rank 0. A rank's cross rank is its host's index among the hosts that have a
+        rank of its local rank; its cross size is how many hosts have one.
     """
     if not task_hosts:
         raise ValueError("task_hosts is empty: at least one task is needed")
-    order: list[str] = []
-    tasks_on: dict[str, list[int]] = {}
+    tasks_on: dict[str, list[int]] = {}  # insertion order: hosts by their first task
     for task, host in enumerate(task_hosts):
-        if host not in tasks_on:
-            order.append(host)
-            tasks_on[host] = []
-        tasks_on[host].append(task)
-    hosts = [HostInfo(h, len(tasks_on[h])) for h in order]
-    plan: list[SlotInfo] = get_host_assignments(hosts, len(task_hosts), len(task_hosts))
-    by_task = {tasks_on[info.hostname][info.local_rank]: from_slot_info(info) for info in plan}
-    return tuple(by_task[t] for t in range(len(task_hosts)))
+        tasks_on.setdefault(host, []).append(task)
+    size = len(task_hosts)
+    by_task: dict[int, RankSlot] = {}
+    rank = 0
+    for host, tasks in tasks_on.items():
+        for local_rank, task in enumerate(tasks):
+            peers = [h for h, on in tasks_on.items() if len(on) > local_rank]
+            by_task[task] = RankSlot(host, rank, local_rank, peers.index(host), size,
+                                     len(tasks), len(peers))
+            rank += 1
+    return tuple(by_task[t] for t in range(size))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,36 +89,29 @@ def visible_devices(
     return Devices(tuple(firsts + rest), own)
 
 
-_SLOT_FIELDS = tuple(f.name for f in dataclasses.fields(RankSlot))
-
-
-def from_slot_info(info: SlotInfo) -> RankSlot:
-    """horovod's ``SlotInfo`` as our frozen, comparable :class:`RankSlot`."""
-    return RankSlot(**{name: getattr(info, name) for name in _SLOT_FIELDS})
-
-
-def to_slot_infos(slots: Sequence[RankSlot]) -> list[SlotInfo]:
-    """Convert to horovod's ``SlotInfo`` (what ``RendezvousServer.init`` expects)."""
-    return [SlotInfo(**dataclasses.asdict(s)) for s in slots]
-
-
 def rank_env(
     slot: RankSlot, rendezvous_addr: str, rendezvous_port: int, iface: str
 ) -> dict[str, str]:
-    """The environment variables one Gloo rank needs (and nothing secret).
+    """The environment variables one Gloo rank needs (and nothing secret), as
+    ``horovodrun --gloo`` sets them.
 
     Contains HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE/HOSTNAME,
-    HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo,
-    HOROVOD_GLOO_IFACE, and PYTHONUNBUFFERED=1 so that output streams live.
+    HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo, HOROVOD_GLOO_IFACE and
+    NCCL_SOCKET_IFNAME (``iface``), HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT when a rendezvous
+    server runs (``rendezvous_port`` 0: none, the driver has no Horovod), and
+    PYTHONUNBUFFERED=1 so that output streams live.
     """
-    (info,) = to_slot_infos([slot])
-    env = {k: str(v) for k, v in create_slot_env_vars(info).items()}
-    env.update(
-        {
-            k: str(v)
-            for k, v in create_run_env_vars(rendezvous_addr, [iface], rendezvous_port).items()
-        }
-    )
+    env = {
+        "HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size), "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": iface, "NCCL_SOCKET_IFNAME": iface,
+    }
+    if rendezvous_port:
+        env.update({"HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
+                    "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port)})
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

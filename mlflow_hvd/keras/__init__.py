@@ -22,10 +22,13 @@ which works on Keras 3), and Keras 3 versions of the Keras layer:
 
 Compile models with ``jit_compile=False``: Horovod's ops have no XLA kernels in this build.
 """
-# ruff: noqa: E402  (the Keras check comes before TensorFlow's import, which takes seconds)
+# ruff: noqa: E402  (the checks come before TensorFlow's import, which takes seconds)
 
-from mlflow_hvd.common.compat import check_legacy_keras
+from mlflow_hvd.common.compat import check_legacy_keras, require_horovod, require_tensorflow
 
+# what this layer is built on, each missing one named with the command that installs it
+require_tensorflow("mlflow_hvd.keras (the Keras layer)")
+require_horovod("mlflow_hvd.keras (the Keras layer)")
 check_legacy_keras("in this process's environment")  # this layer is for Keras 3
 
 from horovod.tensorflow import (

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from mlflow_hvd.common import compat
 from mlflow_hvd.errors import ConfigurationError, DataInputError
 from mlflow_hvd.rank.shard import Shard
 
@@ -272,6 +273,7 @@ def tf_dataset(p: Plan, prefetch: int | None, shuffling_queue_capacity: int | No
     """``make_tf_dataset``'s dataset: rows as namedtuples of the columns, shuffled through a
     buffer of ``shuffling_queue_capacity`` rows if given (tf.data's ``shuffle``, as
     Petastorm), batched ``p.batch_size`` (a finite stream's last batch may be short)."""
+    compat.require_tensorflow("make_tf_dataset()")
     import tensorflow as tf
 
     first = first_chunk(p)

@@ -1,7 +1,8 @@
 """Rank side: refuse Horovod's own Keras layer under Keras 3, before it can train wrongly,
 a TensorFlow outside the supported versions (:mod:`mlflow_hvd.common.compat`) when it is
-imported, and a Horovod built without Gloo when ``horovod.tensorflow`` or ``horovod.torch``
-is imported (its ``hvd.init()`` would otherwise fail inside Horovod's C++ controller); and,
+imported, and a Horovod built without Gloo (or in a job whose driver has no Horovod) when
+``horovod.tensorflow`` or ``horovod.torch`` is imported (its ``hvd.init()`` would otherwise
+fail inside Horovod's C++ controller); and,
 when TensorFlow is imported, Triton first where TensorFlow would crash it
 (:mod:`mlflow_hvd.rank.llvm_order`).
 
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 
 from mlflow_hvd.common import compat
 from mlflow_hvd.errors import IncompatibleImportError, UnsupportedVersionError
-from mlflow_hvd.rank import llvm_order
+from mlflow_hvd.rank import frameworks, llvm_order
 from mlflow_hvd.rank.after_import import spec_then
 
 REFUSED = ("horovod.tensorflow.keras", "horovod.keras")
@@ -76,8 +77,10 @@ def gloo_message(where: str) -> str:
 
 def _check_gloo(module: types.ModuleType) -> None:
     """Refuse a loaded ``horovod.tensorflow`` or ``horovod.torch`` whose library was built
-    without Gloo (a call
-    into the loaded library: nothing else is imported)."""
+    without Gloo (a call into the loaded library: nothing else is imported), or that this
+    rank cannot initialise: the driver has no Horovod, so no rendezvous server runs
+    (:func:`~mlflow_hvd.rank.frameworks.check_rendezvous`)."""
+    frameworks.check_rendezvous(module.__name__)
     built = getattr(module, "gloo_built", None)
     if callable(built) and not built():
         raise IncompatibleImportError(gloo_message(os.path.dirname(module.__file__ or "?")))

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from mlflow_hvd.common import compat
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.feed import (
     FEED_FAILED_FILE,
@@ -175,6 +176,7 @@ class Shard:
         ``map`` (``num_parallel_calls=AUTOTUNE``, in order) between the rows and the batches:
         TensorFlow's threads, not Python's.
         """
+        compat.require_tensorflow(f"{self.argument}.tf_dataset()")
         import tensorflow as tf
 
         steps = self.steps(batch_size)

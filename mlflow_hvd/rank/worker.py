@@ -45,7 +45,7 @@ from mlflow_hvd.protocol.messages import (
     WorkerResult,
     WorkerStarted,
 )
-from mlflow_hvd.rank import context, credentials, keras_guard, shard, torch_dist
+from mlflow_hvd.rank import context, credentials, frameworks, keras_guard, shard, torch_dist
 from mlflow_hvd.rank.tracking import api as tracking_api
 from mlflow_hvd.rank.tracking import job_env, plugin
 
@@ -306,7 +306,8 @@ def _report(client: ChannelClient, rank: int, host: str, exc: BaseException) -> 
     tb = "".join(traceback.format_exception(exc))
     sys.stderr.write(tb)
     sys.stderr.flush()
-    summary = f"{type(exc).__name__}: {exc}".rstrip(": ") + torch_dist.hint(exc)
+    summary = (f"{type(exc).__name__}: {exc}".rstrip(": ")
+               + (torch_dist.hint(exc) or frameworks.hint(exc)))
     client.send(WorkerError(rank, host, summary, tb, time.time()))
     return EXIT_USER_ERROR
 

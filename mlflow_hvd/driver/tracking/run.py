@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from mlflow_hvd.common import mlflow_private
+from mlflow_hvd.common import compat, mlflow_private
 from mlflow_hvd.common.config import TrackingConfig
 from mlflow_hvd.common.deadline import call_within
 from mlflow_hvd.common.tracking_server import (
@@ -56,33 +56,22 @@ def absolute_tracking_uri(uri: str, cwd: str | None = None) -> str:
 
 
 def run_tags(np: int, backend: Mapping[str, str]) -> dict[str, str]:
-    """Tags that make distributed runs comparable in the MLflow UI."""
-    import horovod
-
+    """Tags that make distributed runs comparable in the MLflow UI: the versions of the
+    driver's Horovod, TensorFlow and PyTorch ("" where one is not installed) are read from
+    package metadata, nothing imported."""
     tags = {
         f"{TAG_PREFIX}np": str(np),
         f"{TAG_PREFIX}num_ranks": str(abs(np)),
         f"{TAG_PREFIX}backend": backend.get("backend", ""),
-        f"{TAG_PREFIX}horovod_version": horovod.__version__,
-        f"{TAG_PREFIX}tensorflow_version": _tensorflow_version(),
+        f"{TAG_PREFIX}horovod_version": compat.HOROVOD.installed() or "",
+        f"{TAG_PREFIX}tensorflow_version": compat.TENSORFLOW.installed() or "",
+        f"{TAG_PREFIX}torch_version": compat.TORCH.installed() or "",
         f"{TAG_PREFIX}python_version": platform.python_version(),
     }
     for fact in ("spark_master", "spark_connect"):  # the Connect server's host, if any
         if fact in backend:
             tags[f"{TAG_PREFIX}{fact}"] = backend[fact]
     return tags
-
-
-def _tensorflow_version() -> str:
-    """Installed TensorFlow's version, from package metadata: the driver need not import it."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("tensorflow-cpu", "tensorflow"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return ""
 
 
 @contextmanager

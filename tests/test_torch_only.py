@@ -68,6 +68,8 @@ def test_a_pytorch_user_installs_with_pip_and_trains_ddp_and_fsdp_without_horovo
             assert fsdp["loaded"] == [] and fsdp["test_accuracy"] > 0.8, fsdp
             # FSDP: each rank holds half of the parameters' bytes
             assert [h["params"] * 2 for h in fsdp["held"]] == [fsdp["full_bytes"]] * 2, fsdp
+        # the local FSDP job's second attempt resumed after epoch 0's sharded checkpoint
+        assert (out["local_fsdp"]["start"], out["spark_fsdp"]["start"]) == (1, 0), out
         assert out["distributor"] == {"world": 2, "start": 0, "same_weights": True,
                                       "loaded": []}, out["distributor"]
         assert out["driver_loaded"] == [], out["driver_loaded"]
@@ -86,11 +88,17 @@ def test_a_pytorch_user_installs_with_pip_and_trains_ddp_and_fsdp_without_horovo
                                  ("spark_fsdp_run", "2", "spark")):
             run = client.get_run(out[key])
             tags = run.data.tags
+            if key == "local_fsdp_run":  # two attempts, the first failed: one run
+                assert tags["mlflow_hvd.resumed_from"] == f"{out[key]}@epoch_0", tags
+                assert [m.value for m in client.get_metric_history(
+                    out[key], "mlflow_hvd.attempt")] == [0.0, 1.0]
             assert run.info.status == "FINISHED", key
             assert (tags["mlflow_hvd.np"], tags["mlflow_hvd.backend"]) == (np, backend), key
             assert (tags["mlflow_hvd.horovod_version"], tags["mlflow_hvd.tensorflow_version"],
                     tags["mlflow_hvd.torch_version"]) == ("", "", "2.13.0+cpu"), key
             assert [m.step for m in client.get_metric_history(out[key], "loss")] == [0, 1], key
+            if key == "spark_fsdp_run":  # trained on the DataFrame's shards, every row used
+                assert tags["mlflow_hvd.data.data.total_rows"] == str(out["spark_fsdp_rows"])
             kind = "checkpoint.dcp" if "fsdp" in key else "checkpoint.pt"  # FSDP: sharded
             for epoch in (0, 1):
                 files = {a.path.rsplit("/", 1)[1]

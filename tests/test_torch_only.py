@@ -2,8 +2,10 @@
 PyTorch, no TensorFlow, no Horovod, nothing compiled), then DDP and FSDP jobs under
 ``HorovodRunner(np=-2)`` and ``HorovodRunner(np=2)`` on a local-cluster Spark session, a
 ``TorchDistributor`` job, and a function that imports ``horovod.torch``
-(tests/torch_only/jobs.py runs them there). Each job's MLflow run is read back; neither
-Horovod nor TensorFlow may be imported by the driver or by a rank."""
+(tests/torch_only/jobs.py runs them there); then the project's entry point in that
+environment (``mlflow run <checkout> --env-manager local -P train=examples/digits_fsdp.py:
+train``). Each job's MLflow run is read back; neither Horovod nor TensorFlow may be imported
+by the driver or by a rank."""
 
 from __future__ import annotations
 
@@ -81,7 +83,19 @@ def test_a_pytorch_user_installs_with_pip_and_trains_ddp_and_fsdp_without_horovo
             "mlflow_hvd.cli.horovod`").replace("X", "[01]"), out["horovod_error"]), \
             out["horovod_error"]
 
-        client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+        # the project's entry point in the user's own (this) environment, a PyTorch example
+        store = f"sqlite:///{work / 'mlflow.db'}"
+        project = subprocess.run(
+            [str(venv / "bin" / "mlflow"), "run", str(REPO), "--env-manager", "local",
+             "-P", "np=-2", "-P", "epochs=1", "-P", "train=examples/digits_fsdp.py:train"],
+            cwd=work, env={**newcomer_env(), "MLFLOW_TRACKING_URI": store,
+                           "PATH": f"{venv / 'bin'}:{newcomer_env()['PATH']}"},
+            capture_output=True, text=True, timeout=900)
+        assert project.returncode == 0, stderr_tail(project.stdout + project.stderr, 4000)
+        (project_run,) = re.findall(r"^run (\w+) finished in", project.stdout, re.M)
+
+        client = mlflow.MlflowClient(store)
+        assert client.get_run(project_run).info.status == "FINISHED"
         for key, np, backend in (("local_ddp_run", "-2", "local"),
                                  ("spark_ddp_run", "2", "spark"),
                                  ("local_fsdp_run", "-2", "local"),

@@ -6,8 +6,9 @@
 #             beside the fast tier (mypy takes one core, pytest the other)
 #   fast      pytest: no JVM, no rank that imports TensorFlow or PyTorch (checked)
 #   beside    pytest -m beside: tests whose subject is an environment or process of their
-#             own, sharing nothing with the session (the quickstart's fresh venv, horovodrun's
-#             check, a JVM of its own): in the background beside main, reported after it
+#             own, sharing nothing with the session (the quickstart's fresh venv, a PyTorch
+#             user's fresh pip-installed venv, horovodrun's check, a JVM of its own): in the
+#             background beside main, reported after it
 #   main      pytest: Horovod ranks, the shared local-cluster session, servers, browser
 #   old-end   pytest -m old_end in the old end's environment (Python 3.12, TF 2.16, ...):
 #             started first, in the background (scripts/end_tier.sh old), reported here

@@ -8,14 +8,15 @@ None of them is Horovod's documented API, whose only launchers are ``horovodrun`
 ranks itself uses what ``horovodrun --gloo`` runs inside. Each was checked on Horovod 0.28.1,
 the one release supported (its last; :mod:`mlflow_hvd.common.compat` refuses others):
 
-* ``get_host_assignments``, ``HostInfo``, ``SlotInfo``: the rank layout (``local_rank``,
-  ``cross_rank``, ...) exactly as ``horovodrun`` computes it (:mod:`.layout`);
-* ``create_run_env_vars``, ``create_slot_env_vars``: the ``HOROVOD_*`` variables each Gloo
-  rank reads in ``hvd.init()``;
-* ``RendezvousHTTPServer``, ``RendezvousHandler``: Horovod's own Gloo rendezvous server
-  (``mlflow_hvd.driver.rendezvous`` runs it on the driver);
+* ``RendezvousHTTPServer``, ``RendezvousHandler``, ``SlotInfo``: Horovod's own Gloo rendezvous
+  server and the layout it is initialised with (:mod:`mlflow_hvd.driver.gloo_server` runs it
+  on the driver, only where the driver has Horovod);
 * ``config_parser``: the ``HOROVOD_*`` tuning variables ``horovodrun``'s flags become
   (:mod:`.horovod_env`).
+
+The rank layout and the ``HOROVOD_*`` variables of each rank are built without Horovod
+(:mod:`.layout`; tests/test_layout.py compares them with Horovod's ``get_host_assignments``,
+``create_slot_env_vars`` and ``create_run_env_vars``), so torch.distributed jobs need none.
 """
 
 from __future__ import annotations
@@ -24,20 +25,15 @@ from mlflow_hvd.common import compat
 
 try:
     from horovod.runner.common.util import config_parser
-    from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
-    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+    from horovod.runner.common.util.hosts import SlotInfo
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 except ImportError:
     compat.check_horovod(tensorflow=False, where="")  # names what is wrong, if it can
     raise
 
 __all__ = [
-    "HostInfo",
     "RendezvousHTTPServer",
     "RendezvousHandler",
     "SlotInfo",
     "config_parser",
-    "create_run_env_vars",
-    "create_slot_env_vars",
-    "get_host_assignments",
 ]

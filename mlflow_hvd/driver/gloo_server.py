@@ -1,6 +1,6 @@
 """horovod's Gloo rendezvous server: what ``hvd.init()`` in a rank talks to. Only
 :class:`~mlflow_hvd.driver.rendezvous.Rendezvous` starts it, and only where the driver has
-Horovod; Horovod itself is imported when the first server starts (:func:`start`), not with
+Horovod; Horovod itself is imported when the first :class:`GlooServer` starts, not with
 this module.
 
 horovod's own server class and request handler (the key-value protocol its Gloo
@@ -77,8 +77,6 @@ class RendezvousStats:
     bytes_sent: int  # values returned by GETs
     seconds: float  # from the first request's arrival to the last answer
     refused: int = 0  # connections from hosts that are not the job's (answered 403)
-
-
 
 
 class _Keys:

@@ -71,7 +71,8 @@ def train(epochs: int = 3, batch_size: int = 32, learning_rate: float = 0.001,
         accuracy = float(tf.reduce_mean(tf.cast(
             tf.equal(tf.argmax(logits, axis=1), tf.cast(y_test, tf.int64)), tf.float32)))
         metrics = {"loss": mean_loss, "val_accuracy": accuracy}
-        checkpoints.save(model, epoch, global_step, metrics, log_metrics=True)  # 7. rank 0
+        checkpoints.save(model, epoch, global_step, metrics, log_metrics=True,
+                         epochs=epochs)  # 7. rank 0
         if hvd.rank() == 0:  # 8. one rank talks
             mlflow_hvd.log_to_driver(f"epoch {epoch + 1}/{epochs} loss={mean_loss:.4f} "
                                      f"val_accuracy={accuracy:.4f}")

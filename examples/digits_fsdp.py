@@ -177,7 +177,7 @@ def train(
         # 7. Checkpoints on rank 0: the full state gathered there, or each rank's part sent
         # there one chunk at a time (sharded_checkpoints); every rank takes part.
         hvd_torch.save_checkpoint(model, optimizer, epoch, global_step, metrics,
-                                  sharded=sharded_checkpoints)
+                                  sharded=sharded_checkpoints, epochs=epochs)
         if rank == 0:  # 8. Only rank 0 talks.
             mlflow_hvd.log_to_driver(
                 f"epoch {epoch + 1}/{epochs} loss={metrics['loss']:.4f} "

@@ -112,7 +112,8 @@ def train(data: Any, epochs: int = 5, batch_size: int = 32, learning_rate: float
         mean_loss = float(hvd.allreduce(torch.tensor(total / max(batches, 1)),
                                         name="epoch_loss"))
         # 7. Checkpoints (and the epoch's metrics) only on rank 0.
-        hvd_torch.save_checkpoint(model, optimizer, epoch, global_step, {"loss": mean_loss})
+        hvd_torch.save_checkpoint(model, optimizer, epoch, global_step, {"loss": mean_loss},
+                                  epochs=epochs)
     # 8. Only rank 0 logs: the test accuracy, then the model.
     _, _, x_test, y_test = digits_keras.load_data(seed)
     model.eval()

@@ -178,7 +178,7 @@ def train(
                 torch.tensor([val_loss, val_accuracy]), name="val_metrics"))
         metrics = {"loss": mean_loss, "val_loss": val_loss, "val_accuracy": val_accuracy}
         # 7. Checkpoints (and the epoch's metrics) only on rank 0, as MLflow artifacts.
-        hvd_torch.save_checkpoint(model, optimizer, epoch, global_step, metrics)
+        hvd_torch.save_checkpoint(model, optimizer, epoch, global_step, metrics, epochs=epochs)
         # 8. Only rank 0 talks.
         if hvd.rank() == 0:
             mlflow_hvd.log_to_driver(f"epoch {epoch + 1}/{epochs} loss={mean_loss:.4f} "

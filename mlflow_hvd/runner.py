@@ -316,13 +316,12 @@ class HorovodRunner:
                 prune_metric=hooks.epoch_judge.metric if hooks.epoch_judge else "")
             judge = _verdicts(hooks.epoch_judge) if hooks.epoch_judge is not None else None
             writes = rank0_requests(Relay(target).answer, judge, target.run_id)
-        restart, grow = None, None
-        if target is not None and writes is not None and size < abs(self.num_processor):
+        grow = None
+        if target is not None and size < abs(self.num_processor):
             from mlflow_hvd.driver.elastic import GrowBack
 
             grow = GrowBack(abs(self.num_processor), size, self.job.grow_interval,
-                            lambda: self._placement.slots_back(size), target.run_id)
-            writes, restart = grow.answering(writes), grow.restart
+                            lambda: self._placement.slots_back(size))
         elif size < abs(self.num_processor):
             log.warning("mlflow_hvd: attempt %d runs on %d of np=%d ranks and will not grow "
                         "back: growing back happens at a checkpoint committed to the job's "
@@ -334,8 +333,9 @@ class HorovodRunner:
         return Job(np=size, payload=dumps_payload(code, target, attempt, self.job.max_failures),
                    settings=settings,
                    description=description, job_id=job_id, on_tracking_write=writes,
-                   on_undelivered=self._undelivered_handler(restart), feed=feed,
-                   on_fed=on_fed, restart=restart, grow=grow)
+                   on_undelivered=self._undelivered_handler(
+                       grow.restart if grow is not None else None),
+                   feed=feed, on_fed=on_fed, grow=grow)
 
     def __enter__(self) -> HorovodRunner:
         """Keep the ranks warm between ``run`` calls until the ``with`` block ends.

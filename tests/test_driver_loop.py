@@ -28,6 +28,7 @@ from mlflow_hvd.protocol.feed import FeedFault
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
+    CheckpointCommitted,
     EnvironmentMismatch,
     FeedFailed,
     FeedProgress,
@@ -119,34 +120,66 @@ def _until_stopped(sink: Sink, stop: threading.Event, rank: int) -> None:
     sink(WorkerExited(rank, "h", -15, time.time(), stopped=True))
 
 
-def test_a_job_whose_missing_slots_are_back_ends_for_a_restart_not_a_failure() -> None:
-    """The elastic controller's restart event, set while the job runs, ends the job with
-    GrowingBack (a value, not an exception): its ranks are stopped and the backend closed."""
-    import dataclasses
-
+def _elastic_run(script: Script, back: bool = True) -> tuple[object, FakeBackend, str]:
+    """``script`` run as an elastic attempt on 2 of 4 ranks whose controller's look found
+    the missing slots ``back``: (rank 0's value or GrowingBack, the backend, the job id)."""
     from mlflow_hvd.driver import RankPool
-    from mlflow_hvd.driver.supervisor import GrowingBack
+    from mlflow_hvd.driver.elastic import GrowBack
 
-    restart = threading.Event()
-
-    def script(sink: Sink, stop: threading.Event) -> None:
-        for rank in (0, 1):
-            sink(WorkerStarted(rank, "h"))
-        restart.set()  # the controller planned the restart at a checkpoint
-        for rank in (0, 1):
-            _until_stopped(sink, stop, rank)
-
+    grow = GrowBack(4, 2, interval=60, slots_back=lambda: back)
+    grow.look()
     backend = FakeBackend(script)
     pool = RankPool(lambda _feed, _np: (backend, "127.0.0.1"), warm=False)
-    job = dataclasses.replace(Job(2, b"", settings(), "test"), restart=restart)
+    job = dataclasses.replace(Job(2, b"", settings(), "test"), grow=grow)
     try:
         ended = pool.run(job, io.StringIO())
     finally:
         pool.close()
     if backend.error is not None:
         raise backend.error
-    assert ended == GrowingBack(job.job_id)
+    return (ended if not isinstance(ended, bytes) else cloudpickle.loads(ended)), backend, \
+        job.job_id
+
+
+def test_a_job_whose_missing_slots_are_back_ends_at_a_checkpoint_for_a_restart() -> None:
+    """The controller's decision at rank 0's committed checkpoint ends the job with
+    GrowingBack (a value, not an exception): its ranks are stopped and the backend closed."""
+    from mlflow_hvd.driver.supervisor import GrowingBack
+
+    def script(sink: Sink, stop: threading.Event) -> None:
+        for rank in (0, 1):
+            sink(WorkerStarted(rank, "h"))
+        sink(CheckpointCommitted(0, 2, last=False))
+        for rank in (0, 1):
+            _until_stopped(sink, stop, rank)
+
+    ended, backend, job_id = _elastic_run(script)
+    assert ended == GrowingBack(job_id, 2)
     assert backend.stopped_by_driver and backend.closed
+
+
+def test_a_job_that_finished_is_never_restarted() -> None:
+    """The slots are back during the last epoch: its checkpoint (the loop's last, or one
+    that does not say) is followed by rank 0's value, which the job returns; a checkpoint
+    reported after a rank ended changes nothing."""
+    def finishing(*commits: CheckpointCommitted) -> Script:
+        def script(sink: Sink, stop: threading.Event) -> None:
+            for rank in (0, 1):
+                sink(WorkerStarted(rank, "h"))
+            for commit in commits:
+                sink(commit)
+            sink(WorkerResult(0, cloudpickle.dumps("trained")))
+            sink(WorkerExited(1, "h", 0, time.time()))
+            sink(CheckpointCommitted(0, 9, last=False))  # late: rank 1 has ended
+            sink(WorkerExited(0, "h", 0, time.time()))
+        return script
+
+    for commits in ((CheckpointCommitted(0, 5, last=True),),
+                    (CheckpointCommitted(0, 5, last=None),),
+                    (CheckpointCommitted(0, 4, last=True), CheckpointCommitted(0, 5, True))):
+        ended, backend, _ = _elastic_run(finishing(*commits))
+        assert ended == "trained", commits
+        assert not backend.stopped_by_driver
 
 
 def test_success_returns_rank0_value_and_closes_backend() -> None:

@@ -147,6 +147,43 @@ def test_rank_0_sends_batches_through_the_driver_and_artifacts_itself(
     assert [[r.kind for r in w.records] for w in relayed] == [["metric", "param", "tag"]]
 
 
+def test_a_written_checkpoint_commit_is_told_to_the_driver_after_it_is_written(
+    store: str,
+) -> None:
+    """Rank 0 tells the driver of a checkpoint its batch committed, on the batch's own
+    connection, once the store took it: the epoch and whether the loop called it its last;
+    a commit the store refused, or one that names no checkpoint, tells nothing."""
+    from mlflow_hvd.protocol.checkpoint_layout import LATEST_TAG, model_path
+    from mlflow_hvd.protocol.messages import CheckpointCommitted
+    from mlflow_hvd.protocol.records import Commit
+
+    client = mlflow.MlflowClient()
+    run_id = client.create_run("0").info.run_id
+    target = tracking_target(store, run_id)
+    relay = Relay(target)
+    heard: list[tuple[object, bool]] = []  # (message, was the commit in the run by then)
+
+    def on_message(message: object) -> None:
+        tag = client.get_run(run_id).data.tags.get(LATEST_TAG)
+        heard.append((message, tag == model_path(3)))
+
+    server = ChannelServer(SECRET, on_message, "127.0.0.1", relay.answer)
+    server.start()
+    try:
+        sender = Sender(target, _connect(server))
+        checkpoint = Commit((_metric(0.5, 3),), (Tag(LATEST_TAG, model_path(3)),), 3, False)
+        sender([_metric(1.0, 2)])
+        sender([checkpoint])  # a commit is a batch of its own (records.next_batch)
+        sender([Commit((_metric(0.4, 4),), (Tag("other", "x"),))])  # no checkpoint
+        client.delete_run(run_id)
+        with pytest.raises(TrackingError):
+            sender([Commit((), (Tag(LATEST_TAG, model_path(4)),), 4, True)])
+        sender.close()
+    finally:
+        server.stop()
+    assert heard == [(CheckpointCommitted(0, 3, False), True)]
+
+
 def test_the_drivers_refusal_and_outage_reach_rank_0_as_errors_the_delivery_classifies(
     relaying_driver: tuple[ChannelServer, TrackingTarget], store: str
 ) -> None:

@@ -169,3 +169,63 @@ def test_a_session_whose_python_lacks_mlflow_hvd_is_said_in_words(tmp_path: Any)
     assert line.startswith("ERROR BackendError "), proc.stderr[-3000:]
     assert "the executors' Python cannot import mlflow_hvd" in line
     assert f"Start the session with PYSPARK_PYTHON={sys.executable}" in line
+
+
+def test_slots_back_during_the_last_epoch_finish_the_job_without_a_restart(
+        spark: Any, store: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """np=2, min_np=1 with one of the two executors removed: the attempt runs on 1 rank. A
+    new executor registers while the last epoch waits, and a look of the job's elastic
+    controller finds the 2 slots; the last epoch's checkpoint (the loop does not say it is
+    its last) restarts nothing: run() returns the attempt's value (attempt 0, every epoch
+    trained once, on 1 rank), one FINISHED run, each epoch logged once."""
+    import threading
+    from pathlib import Path
+
+    import mlflow
+
+    from mlflow_hvd.driver.elastic import GrowBack
+
+    context = spark.sparkContext._jsc.sc()
+    memory = context.getExecutorMemoryStatus  # the executors and the driver
+    wait_until(lambda: memory().size() >= 3, 60, "both executors")
+    looks: list[bool] = []
+    look = GrowBack.look
+    monkeypatch.setattr(GrowBack, "look", lambda self: looks.append(look(self)) or looks[-1])
+    assert context.killExecutor(context.getExecutorIds().apply(0))
+    requested = False
+    try:
+        wait_until(lambda: memory().size() == 2, 60, "the executor's removal")
+        gate = str(tmp_path / "gate")
+        runner = HorovodRunner(np=2, spark=spark, job=JobConfig(
+            min_np=1, max_failures=1, slot_timeout=1, grow_interval=0.2))
+        ended: list[Any] = []
+
+        def run() -> None:
+            try:
+                ended.append(runner.run(workers.ddp_held_at_its_last_epoch, epochs=3,
+                                        gate=gate))
+            except BaseException as exc:
+                ended.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        wait_until(lambda: Path(gate + ".last").exists() or ended, 180, "the last epoch")
+        assert Path(gate + ".last").read_text() == "1", ended
+        requested = context.requestExecutors(1)
+        assert requested
+        wait_until(lambda: memory().size() >= 3, 60, "a new executor")
+        seen = len(looks)
+        wait_until(lambda: True in looks[seen:], 30, "a look finding the slots back")
+        Path(gate + ".go").write_text("")
+        thread.join(120)
+        assert not thread.is_alive(), "run() did not return"
+    finally:
+        if not requested:
+            context.requestExecutors(1)
+        wait_until(lambda: memory().size() >= 3, 60, "the session's two executors again")
+    assert ended == [{"attempt": 0, "size": 1, "trained": [0, 1, 2]}]
+    client = mlflow.MlflowClient()
+    assert client.get_run(runner.last_run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(runner.last_run_id, "loss")] == [0, 1, 2]
+    assert [m.value for m in client.get_metric_history(runner.last_run_id,
+                                                       "mlflow_hvd.attempt")] == [0.0]

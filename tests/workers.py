@@ -1490,7 +1490,7 @@ def gated_elastic_torch(data: Any, epochs: int, gate: str) -> dict[str, Any]:
             total, step = total + loss.item(), step + 1
         hvd_torch.save_checkpoint(model, optimizer, epoch, step, {
             "loss": total, "world": float(size), "rows": float(data.rows),
-            "lr": float(optimizer.param_groups[0]["lr"])}, sharded=True)
+            "lr": float(optimizer.param_groups[0]["lr"])}, sharded=True, epochs=epochs)
         if dist.get_rank() == 0:
             mlflow_hvd.log_to_driver(f"epoch {epoch} done on {size} ranks")
     rows: list[Any] = [None] * size
@@ -1749,3 +1749,42 @@ def ddp_on_nccl(steps: int = 3) -> list[dict[str, Any]]:
                                       "weights": weights})
     dist.destroy_process_group()
     return everyone
+
+
+def ddp_held_at_its_last_epoch(epochs: int, gate: str) -> dict[str, Any]:
+    """torch.distributed (Gloo) DDP with ``mlflow_hvd.torch`` checkpoints, ``epochs`` epochs,
+    the loop not saying which is its last (``save_checkpoint`` without ``epochs``). Rank 0
+    writes ``<gate>.last`` (the world size) when the last epoch begins and trains it once
+    the test writes ``<gate>.go``. Returns the attempt, the world size and the epochs this
+    attempt trained."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import mlflow_hvd
+    from mlflow_hvd import torch as hvd_torch
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = hvd_torch.restore_from_checkpoint(model, optimizer)
+    trained = []
+    for epoch in range(start, epochs):
+        if epoch == epochs - 1 and dist.get_rank() == 0:
+            Path(gate + ".last").write_text(str(dist.get_world_size()))
+            end = time.monotonic() + 240
+            while not Path(gate + ".go").exists():
+                if time.monotonic() > end:
+                    raise TimeoutError(f"{gate}.go did not appear within 240 s")
+                time.sleep(0.1)
+        dist.barrier()
+        optimizer.zero_grad()
+        loss = model(torch.ones(8, 4)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        hvd_torch.save_checkpoint(model, optimizer, epoch, epoch, {"loss": float(loss)})
+        trained.append(epoch)
+    size = dist.get_world_size()
+    dist.destroy_process_group()
+    return {"attempt": mlflow_hvd.attempt(), "size": size, "trained": trained}

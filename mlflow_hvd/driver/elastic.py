@@ -1,17 +1,24 @@
 """Driver side of elastic jobs (``JobConfig(min_np=...)``): growing an attempt that runs below
 ``np`` back to ``np`` at a checkpoint.
 
-While an attempt runs on fewer ranks than ``np`` (a host was lost), a controller thread of
-its own looks every ``grow_interval`` whether the missing slots are back (on Spark Connect a
-look runs probe stages: seconds). Rank 0's writes to the run are watched: when one of them
-commits a resumable checkpoint (the run's latest-checkpoint tag, written in one call with
-the epoch's metrics) after a look found the slots back, the driver writes the records up to
-and including that checkpoint and plans a restart (:class:`GrowBack`'s ``restart`` event:
-the driver loop then ends the job with :class:`~mlflow_hvd.driver.supervisor.GrowingBack`,
-and the runner's attempts go on with ``Decision.GROW``). Every later write of the attempt
-is answered without being written: what rank 0 logs after the checkpoint belongs to work
-the next attempt, on ``np`` ranks from that checkpoint, does again. No epoch is lost, none
-is logged twice, and no write of rank 0 waits for a look.
+While an attempt runs on fewer ranks than ``np`` (a host was lost), :class:`GrowBack` looks
+every ``grow_interval`` on a thread of its own whether the missing slots are back (on Spark
+Connect a look runs probe stages: seconds). Once rank 0's checkpoint is written into the
+job's run, rank 0 says so (:class:`~mlflow_hvd.protocol.messages.CheckpointCommitted`), and
+the driver loop (:func:`~mlflow_hvd.driver.supervisor.watch`) asks :meth:`GrowBack.at_commit`
+whether the attempt ends there for a restart on ``np`` ranks from that checkpoint - in
+order with every other event of the job, and never once a rank reported its end (as
+torch elastic's agent reacts to membership only while its workers are healthy: a job that
+finished wins). The attempt grows back at a checkpoint once the latest look found the
+slots back, unless the training loop said the checkpoint is its last (``epochs``
+of ``save_checkpoint``; Keras' ``fit`` always says): the job then finishes where it is.
+A loop that does not say grows back at the next checkpoint after the slots came back (the
+one before may have been its last; a job that returns after it finishes on fewer ranks).
+
+After a planned restart nothing more of the attempt is written: what rank 0 logs after the
+checkpoint belongs to work the next attempt, on ``np`` ranks from that checkpoint, does
+again (:meth:`GrowBack.dropped`). No epoch is lost, none is logged twice, and no write of
+rank 0 waits for a look.
 
 Growing back needs checkpoints in the job's run: a job that does not track
 (``TrackingConfig(track=False)``) shrinks but never grows back (the runner says so).
@@ -19,35 +26,25 @@ Growing back needs checkpoints in the job's run: a job that does not track
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable
 
-from mlflow_hvd.protocol import records as rec
-from mlflow_hvd.protocol.checkpoint_layout import LATEST_TAG, parse
-from mlflow_hvd.protocol.messages import EpochReport, NotJudged, TrackingWrite, TrackingWritten
+from mlflow_hvd.protocol.messages import (
+    CheckpointCommitted,
+    EpochReport,
+    NotJudged,
+    TrackingWrite,
+    TrackingWritten,
+)
 
 log = logging.getLogger(__name__)
 
-Answer = Callable[[TrackingWrite | EpochReport], object]
-
-
-def checkpoint_commit(records: tuple[rec.Record, ...], run_id: str) -> int | None:
-    """The index of the last record that commits a resumable checkpoint of ``run_id``
-    (None: there is none)."""
-    found = None
-    for index, record in enumerate(records):
-        if isinstance(record, rec.Commit) and any(
-                tag.key == LATEST_TAG and parse(run_id, tag.value) is not None
-                for tag in record.tags):
-            found = index
-    return found
-
 
 class GrowBack:
-    """Watches one attempt running on ``size`` of ``np`` ranks (see the module docstring):
-    :meth:`start` its looks when the attempt starts, :meth:`close` when it ends.
+    """The controller of one attempt running on ``size`` of ``np`` ranks (see the module
+    docstring): :meth:`start` its looks when the attempt starts, :meth:`close` when it
+    ends; :meth:`at_commit` decides, from the driver loop only.
 
     Args:
         np: The ranks the job wants.
@@ -55,19 +52,18 @@ class GrowBack:
         interval: Seconds from the attempt's start to the first look for the missing
             slots, and between two looks.
         slots_back: Whether ``np`` slots are there now, this attempt's ``size`` included.
-        run_id: The job's run.
     """
 
-    def __init__(self, np: int, size: int, interval: float, slots_back: Callable[[], bool],
-                 run_id: str) -> None:
-        self.np, self.size, self.interval, self.run_id = np, size, interval, run_id
+    def __init__(self, np: int, size: int, interval: float,
+                 slots_back: Callable[[], bool]) -> None:
+        self.np, self.size, self.interval = np, size, interval
         self._slots_back = slots_back
         self._back = threading.Event()  # the latest look found the slots
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self.restart = threading.Event()  # set: the attempt ends for a restart on np ranks
+        self.restart = threading.Event()  # set: the attempt ended for a restart on np ranks
         self.epoch: int | None = None  # the checkpoint the next attempt resumes from
+        self._pending: int | None = None  # a checkpoint that may have been the loop's last
 
     def start(self) -> None:
         """Start looking, every ``interval`` seconds, off rank 0's requests."""
@@ -99,39 +95,37 @@ class GrowBack:
         (self._back.set if back else self._back.clear)()
         return back
 
-    def answering(self, answer: Answer) -> Answer:
-        """``answer`` (rank 0's requests) with the attempt's growth watched."""
-
-        def watched(request: TrackingWrite | EpochReport) -> object:
-            with self._lock:  # one request at a time: writes stay in rank 0's order
-                if self.restart.is_set():
-                    return self._dropped(request)
-                if not isinstance(request, TrackingWrite):
-                    return answer(request)
-                cut = checkpoint_commit(request.records, self.run_id)
-                if cut is None or not self._back.is_set():
-                    return answer(request)
-                kept = dataclasses.replace(request, records=request.records[:cut + 1])
-                written = answer(kept)
-                if isinstance(written, TrackingWritten) and not written.error:
-                    self._plan(request.records[cut], len(request.records) - cut - 1)
-                return written
-
-        return watched
-
-    def _plan(self, commit: rec.Record, dropped: int) -> None:
-        assert isinstance(commit, rec.Commit)
-        tag = next(t for t in commit.tags if t.key == LATEST_TAG)
-        ref = parse(self.run_id, tag.value)
-        self.epoch = ref.epoch if ref is not None else None
+    def at_commit(self, commit: CheckpointCommitted) -> bool:
+        """Rank 0 committed ``commit.epoch``'s checkpoint, and no rank has ended: whether the
+        attempt ends here for a restart on ``np`` ranks from it (then :attr:`restart` is
+        set and :attr:`epoch` names it). Called by the driver loop only."""
+        if self.restart.is_set():
+            return True
+        if not self._back.is_set():
+            self._pending = None
+            return False
+        if commit.last:
+            log.info("job on %d of %d ranks: the missing slots are back, but epoch %d's "
+                     "checkpoint is the training loop's last: the job finishes on %d ranks",
+                     self.size, self.np, commit.epoch, self.size)
+            return False
+        if commit.last is None and self._pending is None:
+            self._pending = commit.epoch
+            log.info("job on %d of %d ranks: the missing slots are back; the training loop "
+                     "did not say whether epoch %d's checkpoint is its last "
+                     "(save_checkpoint(epochs=...)): the job grows back at the next one",
+                     self.size, self.np, commit.epoch)
+            return False
+        self.epoch = commit.epoch
         self.restart.set()
         log.warning("mlflow_hvd: %d task slots are back: the job restarts on np=%d ranks from "
-                    "the checkpoint of epoch %s it just committed (a planned restart, not a "
-                    "failure)%s", self.np, self.np, self.epoch,
-                    f"; {dropped} record(s) logged after it are done again" if dropped else "")
+                    "the checkpoint of epoch %d it just committed (a planned restart, not a "
+                    "failure)", self.np, self.np, commit.epoch)
+        return True
 
-    def _dropped(self, request: TrackingWrite | EpochReport) -> object:
-        """After the planned restart: nothing more of this attempt is written."""
+    def dropped(self, request: TrackingWrite | EpochReport) -> object:
+        """The answer to rank 0's request once the attempt ended for a restart: nothing more
+        of it is written."""
         if isinstance(request, TrackingWrite):
             log.debug("dropped %d record(s) rank 0 sent after the restart was planned",
                       len(request.records))

@@ -1,6 +1,7 @@
 """Driver side: what reaches the driver loop (:func:`mlflow_hvd.driver.supervisor.watch`),
 as one closed union, :data:`LoopEvent`: the ranks', the tasks' and the backend's messages
-about the job and what the driver notes itself - a rank's
+about the job (rank 0's word that a checkpoint is committed among them) and what the driver
+notes itself - a rank's
 or a Spark task's connection closed, two tasks' layouts that disagree, Horovod elastic
 refused, and a message of a kind this driver does not know (refused: the ranks run another
 version of mlflow_hvd).
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from mlflow_hvd.driver.rendezvous import ElasticRefused, LayoutMismatch
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
+    CheckpointCommitted,
     EnvironmentMismatch,
     FeedFailed,
     FeedProgress,
@@ -48,5 +50,5 @@ class UnknownMessage:
 LoopEvent = (
     WorkerStarted | OutputLines | WorkerResult | WorkerError | WorkerExited | JobEnded
     | BackendFinished | FeedProgress | FeedFailed | EnvironmentMismatch | RankDisconnected
-    | TaskDisconnected | LayoutMismatch | ElasticRefused | UnknownMessage
+    | TaskDisconnected | LayoutMismatch | ElasticRefused | UnknownMessage | CheckpointCommitted
 )

@@ -153,6 +153,8 @@ class Generation:
         job = self._job
         if job is None or job.on_tracking_write is None:
             return untracked_answer(request)
+        if job.grow is not None and job.grow.restart.is_set():
+            return job.grow.dropped(request)  # the next attempt does that work again
         return job.on_tracking_write(request)
 
     def _credentials(self) -> Credentials | None:

@@ -5,7 +5,6 @@ many)."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,10 +44,10 @@ class Job:
             generation's ranks when it starts; None: the job has none.
         on_fed: Told how the DataFrames were split over the ranks (records them in the
             job's run), once the generation's tasks agreed.
-        restart: Once set, the job ends for a planned restart (an elastic job growing back,
-            :mod:`mlflow_hvd.driver.elastic`); None: it never does.
         grow: The controller of an elastic attempt below ``np`` (its looks for the missing
-            slots run while the job runs); None otherwise.
+            slots run while the job runs; the driver loop asks it at each checkpoint whether
+            the job ends there to grow back, :mod:`mlflow_hvd.driver.elastic`); None
+            otherwise.
     """
 
     np: int
@@ -60,7 +59,6 @@ class Job:
     on_undelivered: UndeliveredHandler | None = None
     feed: Feed | None = None
     on_fed: Callable[[FeedAgreed], None] | None = None
-    restart: threading.Event | None = None
     grow: GrowBack | None = None
 
     @property

@@ -89,7 +89,7 @@ class RankPool:
                 job.grow.start()
             try:
                 value = supervise(record, live.events, live.backend, job.settings, out,
-                                  self.stop, job.restart)
+                                  self.stop, job.grow)
             except WorkerFailedError as exc:
                 if not (handed and died_before_starting(record)):
                     raise

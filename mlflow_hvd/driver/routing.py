@@ -15,6 +15,7 @@ from mlflow_hvd.protocol.messages import (
     AskCredentials,
     AwaitJob,
     BackendFinished,
+    CheckpointCommitted,
     EnvironmentMismatch,
     EpochReport,
     FeedAgreed,
@@ -96,7 +97,7 @@ def message_router(
                 events.put(message)
             case (WorkerStarted() | OutputLines() | WorkerResult() | WorkerError()
                   | BackendFinished() | FeedProgress() | FeedFailed() | EnvironmentMismatch()
-                  | RankDisconnected()):
+                  | RankDisconnected() | CheckpointCommitted()):
                 events.put(message)
             case _:
                 log.error("mlflow_hvd: the driver refuses a message it does not know: %s",

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TextIO, assert_never
+from typing import TYPE_CHECKING, TextIO, assert_never
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.common.config import ClusterConfig, JobConfig
@@ -36,6 +36,7 @@ from mlflow_hvd.errors import (
 from mlflow_hvd.protocol.credentials import Credentials
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
+    CheckpointCommitted,
     EnvironmentMismatch,
     FeedFailed,
     FeedProgress,
@@ -49,6 +50,9 @@ from mlflow_hvd.protocol.messages import (
     WorkerResult,
     WorkerStarted,
 )
+
+if TYPE_CHECKING:
+    from mlflow_hvd.driver.elastic import GrowBack
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +150,7 @@ class JobRecord:
     backend_finished: BackendFinished | None = None
     backend_finished_at: float | None = None
     fault: str = ""  # a failure of the job's machinery (e.g. a layout mismatch)
+    checkpoint: int | None = None  # the latest epoch whose checkpoint rank 0 committed
     fed_at: float = 0.0  # the latest progress of a task feeding the job's DataFrames
     feeding: set[int] = field(default_factory=set)  # tasks that began feeding, not done
     arrived_at: float = 0.0  # when the latest rank started
@@ -267,11 +272,13 @@ class JobRecord:
 
 @dataclass(frozen=True)
 class GrowingBack:
-    """How a job ends when its ``restart`` event was set while it ran (the missing slots
-    are back, :mod:`mlflow_hvd.driver.elastic`): for a planned restart on more ranks, not
-    a failure; the caller stops its ranks and starts the next attempt."""
+    """How a job ends when its elastic controller decided, at a checkpoint rank 0
+    committed, to grow back (the missing slots are back, :mod:`mlflow_hvd.driver
+    .elastic`): for a planned restart on more ranks from ``epoch``'s checkpoint, not a
+    failure; the caller stops its ranks and starts the next attempt."""
 
     job_id: str
+    epoch: int
 
 
 def supervise(
@@ -281,26 +288,27 @@ def supervise(
     settings: DriverSettings,
     out: TextIO,
     stop: threading.Event,
-    restart: threading.Event | None = None,
+    grow: GrowBack | None = None,
 ) -> bytes | GrowingBack:
     """Run the loop until every rank exited or a deadline ends the job.
 
     Returns:
-        Rank 0's cloudpickled return value, or :class:`GrowingBack` once ``restart`` was
-        set while the job ran (the caller stops the ranks).
+        Rank 0's cloudpickled return value, or :class:`GrowingBack` once ``grow`` decided
+        to restart at a checkpoint (the caller stops the ranks).
 
     Raises:
         WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError.
         JobStopped: ``stop`` was set (the caller stops the ranks, as on Ctrl-C).
     """
-    outcome = watch(job, events, backend, settings, out, stop, restart)
+    outcome = watch(job, events, backend, settings, out, stop, grow)
     log.info("job %s: %s after %.1fs", job.job_id,
              "ends for a restart on more ranks" if outcome.grow
              else "succeeded" if outcome.error is None
              else f"ended by {type(outcome.error).__name__}",
              time.monotonic() - job.t0)
     if outcome.grow:
-        return GrowingBack(job.job_id)
+        assert job.checkpoint is not None  # grown at a checkpoint
+        return GrowingBack(job.job_id, job.checkpoint)
     return outcome.unwrap()
 
 
@@ -311,20 +319,19 @@ def watch(
     settings: DriverSettings,
     out: TextIO,
     stop: threading.Event,
-    restart: threading.Event | None = None,
+    grow: GrowBack | None = None,
 ) -> Outcome:
     """The loop: consume messages until every rank exited, a deadline passed or the job
     failed and its ranks are down; never raises for the job's own failures, only
-    :class:`JobStopped` once ``stop`` is set; ends with ``Outcome(grow=True)`` once
-    ``restart`` is (each checked every 0.1 s)."""
+    :class:`JobStopped` once ``stop`` is set (checked every 0.1 s); ends with
+    ``Outcome(grow=True)`` when ``grow``, an elastic attempt's controller, decides at a
+    checkpoint rank 0 committed while every rank runs (:func:`_grows_back`)."""
     t0 = job.t0
     wind_down = settings.stop_grace + settings.report_grace
     aborted: MlflowHvdError | None = None
     while not job.all_exited():
         if stop.is_set():
             raise JobStopped(f"job {job.job_id} was stopped (HorovodRunner.stop)")
-        if restart is not None and restart.is_set() and job.state is JobState.RUNNING:
-            return Outcome(grow=True)
         now = time.monotonic()
         if job.state is JobState.RUNNING:
             error = _check_running(job, backend, settings, now - t0, now)
@@ -348,6 +355,8 @@ def watch(
             message = None
         if message is not None:
             handle(message, job, settings, out)
+            if _grows_back(job, message, grow):
+                return Outcome(grow=True)
         if job.rank_failed():
             job.fail(time.monotonic())
         exit_alone_until = job.since + EXIT_AFTER_ERROR
@@ -358,6 +367,15 @@ def watch(
             # that its real exit status is reported rather than our SIGTERM.
             job.stop(backend)
     return Outcome(error=aborted) if aborted is not None else _outcome(job)
+
+
+def _grows_back(job: JobRecord, message: LoopEvent, grow: GrowBack | None) -> bool:
+    """Whether the job ends at the checkpoint ``message`` reports for a restart on more
+    ranks: asked of ``grow`` only while no rank failed or ended and rank 0 has not
+    returned (a job that finished is never restarted)."""
+    return (isinstance(message, CheckpointCommitted) and grow is not None
+            and job.state is JobState.RUNNING and job.result is None and not job.exited
+            and grow.at_commit(message))
 
 
 def _check_running(
@@ -473,6 +491,10 @@ def handle(message: LoopEvent, job: JobRecord, settings: DriverSettings, out: Te
                      job.np, time.monotonic() - job.t0)
         case BackendFinished():
             job.backend_finished, job.backend_finished_at = message, time.monotonic()
+        case CheckpointCommitted():
+            job.checkpoint = message.epoch
+            log.info("job %s: rank 0 committed epoch %d's checkpoint (%.1fs)", job.job_id,
+                     message.epoch, time.monotonic() - job.t0)
         case RankDisconnected():
             job.disconnected.add(message.rank)
         case TaskDisconnected():

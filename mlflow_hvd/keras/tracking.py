@@ -98,8 +98,10 @@ class MlflowCallback(keras.callbacks.Callback):
         log_metrics = not job_env.autologging(("tensorflow", "keras"))
         if self.checkpoint:
             # metrics and the resume point in one write: a resume repeats and skips nothing
+            # fit knows how many epochs it runs: an elastic job grows back at this
+            # checkpoint unless it is the last
             checkpoints.save(self.model, epoch, self._global_step, metrics,
-                             log_metrics=log_metrics)
+                             log_metrics=log_metrics, epochs=self.params.get("epochs"))
         elif log_metrics:
             tracking_api.log_metrics(metrics, step=epoch)
         # else autolog writes them, through the job's store, which tells the sweep's pruning

@@ -178,6 +178,18 @@ class TorchStoreWanted(FromRank):
 
 
 @dataclass(frozen=True)
+class CheckpointCommitted(FromRank):
+    """Rank 0 -> driver, once a checkpoint's commit is written into the job's run (its
+    files, then the latest-checkpoint tag): the job can resume from ``epoch``. ``last``:
+    the training loop said this checkpoint is its last (True), that more epochs follow
+    (False), or did not say (None). An elastic job's controller decides on it whether to
+    grow back here (:mod:`mlflow_hvd.driver.elastic`)."""
+
+    epoch: int
+    last: bool | None = None
+
+
+@dataclass(frozen=True)
 class WorkerStarted(FromRank):
     """The worker process of ``rank`` is running and has reached the driver."""
 

@@ -78,11 +78,19 @@ class Artifact:
 
 @dataclass(frozen=True)
 class Commit:
-    """Metrics and tags written in one call: both land, or neither."""
+    """Metrics and tags written in one call: both land, or neither.
+
+    A checkpoint's commit (the latest-checkpoint tag) also says which ``epoch`` it makes
+    resumable and whether the training loop called it its ``last`` (None: it did not say);
+    once it is written, rank 0 tells the driver so
+    (:class:`~mlflow_hvd.protocol.messages.CheckpointCommitted`). Neither is part of the
+    written record (:func:`encode`): a replayed commit tells no one."""
 
     kind: ClassVar[str] = "commit"
     metrics: tuple[Metric, ...]
     tags: tuple[Tag, ...]
+    epoch: int | None = None
+    last: bool | None = None
 
 
 @dataclass(frozen=True)

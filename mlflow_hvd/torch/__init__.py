@@ -57,7 +57,7 @@ def scale_learning_rate(learning_rate: float) -> float:
 
 def save_checkpoint(model: Any, optimizer: Any, epoch: int, global_step: int,
                     metrics: dict[str, float], log_metrics: bool = True,
-                    sharded: bool = False) -> None:
+                    sharded: bool = False, epochs: int | None = None) -> None:
     """Rank 0: checkpoint ``model`` and ``optimizer`` after ``epoch`` (0-based) into the
     job's run (``checkpoints/epoch_<N>/checkpoint.pt``, a ``torch.save`` of their
     ``state_dict``) and move the latest-checkpoint tag; with ``log_metrics`` (default) the
@@ -75,11 +75,16 @@ def save_checkpoint(model: Any, optimizer: Any, epoch: int, global_step: int,
     any number of ranks; ``torch.distributed.checkpoint.load`` reads the downloaded
     directory too.
 
+    ``epochs``: how many epochs the loop runs, if it knows. An elastic job running on
+    fewer ranks than ``np`` (``JobConfig(min_np=...)``) grows back at a checkpoint once
+    its missing slots are back: with ``epochs`` at this one unless it is the last, without
+    it at the next one (the driver cannot tell whether this one is the last).
+
     Raises:
         ConfigurationError: ``sharded=True`` without ``dist.init_process_group()``.
     """
     if sharded:
-        _save_sharded(model, optimizer, epoch, global_step, metrics, log_metrics)
+        _save_sharded(model, optimizer, epoch, global_step, metrics, log_metrics, epochs)
         return
     is_sharded = state.is_sharded(model)
     if not is_sharded and not tracking_api.is_logging_rank():
@@ -91,11 +96,11 @@ def save_checkpoint(model: Any, optimizer: Any, epoch: int, global_step: int,
 
     gathered.update(epoch=epoch, global_step=global_step)
     checkpoints.save_with(lambda path: torch.save(gathered, path), TORCH_FILE, epoch,
-                          global_step, metrics, log_metrics)
+                          global_step, metrics, log_metrics, epochs)
 
 
 def _save_sharded(model: Any, optimizer: Any, epoch: int, global_step: int,
-                  metrics: dict[str, float], log_metrics: bool) -> None:
+                  metrics: dict[str, float], log_metrics: bool, epochs: int | None) -> None:
     ranks = world.current()
     if ranks.kind != "torch.distributed":
         raise ConfigurationError(
@@ -109,7 +114,7 @@ def _save_sharded(model: Any, optimizer: Any, epoch: int, global_step: int,
         if ranks.rank == 0:
             checkpoints.save_files(lambda upload: sharded_files.to_rank0(tmp, upload),
                                    TORCH_SHARDED_DIR, epoch, global_step, metrics,
-                                   log_metrics)
+                                   log_metrics, epochs)
         else:
             sharded_files.to_rank0(tmp, None)
 

@@ -246,12 +246,15 @@ def log_flavor_model(flavor: str, model: Any, name: str, packages: tuple[str, ..
     return log(model, name=name, run_id=logger.target.run_id, **kwargs)
 
 
-def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any]) -> None:
+def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any],
+           epoch: int | None = None, last: bool | None = None) -> None:
     """Rank 0: write ``metrics`` at ``step`` and ``tags`` in one ``log_batch`` call (one
     transaction on a SQL store, one request to a server), after everything queued before.
 
     Used to move the latest-checkpoint tag together with the epoch's metrics: a crash leaves
-    both or neither, so a resumed run neither repeats nor skips a step.
+    both or neither, so a resumed run neither repeats nor skips a step. ``epoch``: the
+    checkpoint this commit makes resumable (the driver is told once it is written), and
+    ``last`` whether the training loop said it is its last (None: it did not say).
     """
     logger = _require()
     if logger is None:
@@ -260,6 +263,7 @@ def commit(metrics: Mapping[str, float], step: int, tags: Mapping[str, Any]) -> 
     commit = rec.Commit(
         tuple(rec.Metric(k, float(v), ts, int(step)) for k, v in metrics.items()),
         tuple(rec.Tag(k, str(v)) for k, v in tags.items()),
+        epoch, last,
     )
     logger.put(commit)
     logger.last_step = max(logger.last_step, int(step))  # a checkpoint without metrics too

@@ -36,14 +36,17 @@ def save(
     global_step: int,
     metrics: dict[str, float],
     log_metrics: bool = False,
+    epochs: int | None = None,
 ) -> None:
     """Rank 0: upload model+optimizer and metrics for ``epoch``, then move the latest tag.
 
     With ``log_metrics``, the epoch's metrics (step = epoch) are written in the same
-    ``log_batch`` as the tag, so metrics and the resume point always agree. A no-op on
-    other ranks (the :mod:`mlflow_hvd.tracking` gate).
+    ``log_batch`` as the tag, so metrics and the resume point always agree. ``epochs``:
+    how many epochs the loop runs, if it knows (an elastic job that runs on fewer ranks
+    then grows back at this checkpoint unless it is the last; without it, at the next
+    one). A no-op on other ranks (the :mod:`mlflow_hvd.tracking` gate).
     """
-    save_with(model.save, MODEL_FILE, epoch, global_step, metrics, log_metrics)
+    save_with(model.save, MODEL_FILE, epoch, global_step, metrics, log_metrics, epochs)
 
 
 def save_with(
@@ -53,6 +56,7 @@ def save_with(
     global_step: int,
     metrics: dict[str, float],
     log_metrics: bool = False,
+    epochs: int | None = None,
 ) -> None:
     """:func:`save` for any framework: ``write(path)`` writes the model file, named
     ``file_name`` in the checkpoint's directory. A no-op on other ranks."""
@@ -62,7 +66,7 @@ def save_with(
         local_model = os.path.join(tmp, file_name)
         write(local_model)
         tracking_api.log_artifact(local_model, epoch_dir(epoch))
-    _commit(epoch, global_step, metrics, log_metrics, model_path(epoch, file_name))
+    _commit(epoch, global_step, metrics, log_metrics, model_path(epoch, file_name), epochs)
 
 
 def save_files(
@@ -72,6 +76,7 @@ def save_files(
     global_step: int,
     metrics: dict[str, float],
     log_metrics: bool = False,
+    epochs: int | None = None,
 ) -> None:
     """:func:`save` of a checkpoint made of several files, which arrive one at a time:
     ``deliver(upload)`` calls ``upload(path)`` for each (the file is copied into the upload
@@ -82,13 +87,14 @@ def save_files(
         return
     folder = f"{epoch_dir(epoch)}/{dir_name}"
     deliver(lambda path: tracking_api.log_artifact(path, folder))
-    _commit(epoch, global_step, metrics, log_metrics, folder)
+    _commit(epoch, global_step, metrics, log_metrics, folder, epochs)
 
 
 def _commit(epoch: int, global_step: int, metrics: dict[str, float], log_metrics: bool,
-            latest: str) -> None:
+            latest: str, epochs: int | None) -> None:
     """The checkpoint's metrics file, then the tag naming ``latest`` with the epoch's
-    metrics (if ``log_metrics``) in one write, after the checkpoint's files."""
+    metrics (if ``log_metrics``) in one write, after the checkpoint's files; the commit
+    says whether ``epoch`` is the loop's last of ``epochs`` (None: not known)."""
     with scratch.owned_dir("ckpt") as tmp:
         metrics_path = os.path.join(tmp, METRICS_FILE)
         with open(metrics_path, "w") as f:
@@ -98,7 +104,9 @@ def _commit(epoch: int, global_step: int, metrics: dict[str, float], log_metrics
             json.dump({**metrics, "epoch": epoch, "global_step": global_step,
                        **({WORLD_SIZE: size} if size else {})}, f)
         tracking_api.log_artifact(metrics_path, epoch_dir(epoch))
-    tracking_api.commit(metrics if log_metrics else {}, epoch, {LATEST_TAG: latest})
+    last = None if epochs is None else epoch + 1 >= epochs
+    tracking_api.commit(metrics if log_metrics else {}, epoch, {LATEST_TAG: latest},
+                        epoch=epoch, last=last)
 
 
 def latest(run_id: str, tracking_uri: str | None = None) -> CheckpointRef | None:

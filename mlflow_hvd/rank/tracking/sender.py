@@ -11,6 +11,12 @@ CPU and under its GIL, a measurable share of a small model's step when logging e
 artifact store (their bytes need not travel through the driver). Records stay in order: the
 delivery thread sends one batch at a time, whichever way it goes.
 
+Once a batch holding a checkpoint's commit is written, rank 0 tells the driver on the same
+connection (:class:`~mlflow_hvd.protocol.messages.CheckpointCommitted`): the driver loop
+learns that the job can resume from that epoch in order with every other event of the job
+(an elastic job grows back there), and before rank 0's return value, which is sent only
+after every record is delivered.
+
 The driver's answer becomes an exception that
 :func:`~mlflow_hvd.common.tracking_server.is_outage` classifies: ``ConnectionError`` for an
 outage (retried with backoff), :class:`TrackingError` for a refusal.
@@ -23,6 +29,7 @@ when the training code imported ``mlflow.models`` while a checkpoint was being u
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +38,7 @@ from mlflow_hvd.errors import ChannelError, TrackingError
 from mlflow_hvd.protocol import records as rec
 from mlflow_hvd.protocol.channel import ChannelClient
 from mlflow_hvd.protocol.messages import (
+    CheckpointCommitted,
     TrackingTarget,
     TrackingWrite,
     TrackingWritten,
@@ -123,6 +131,22 @@ class Sender:
             raise ConnectionError(answer.error)
         if answer.error:
             raise TrackingError(answer.error)
+        self._tell_commits(batch)
+
+    def _tell_commits(self, batch: Sequence[Record]) -> None:
+        """Tell the driver of each checkpoint the written ``batch`` committed. The records
+        are written: a lost connection here costs the driver only the news (an elastic job
+        then grows back at a later checkpoint), never a write made twice."""
+        for record in batch:
+            if not isinstance(record, rec.Commit) or record.epoch is None:
+                continue
+            try:
+                assert self._channel is not None  # the batch went through it
+                self._channel.send(CheckpointCommitted(0, record.epoch, record.last))
+            except ChannelError as exc:
+                self.close()
+                sys.stderr.write(f"mlflow_hvd: the driver was not told of epoch "
+                                 f"{record.epoch}'s checkpoint ({exc})\n")
 
     def close(self) -> None:
         """Close the connection to the driver (the next relayed batch opens a new one)."""

@@ -28,16 +28,14 @@ from mlflow_hvd.driver.job import Job, new_job_id
 from mlflow_hvd.driver.options import runner_options
 from mlflow_hvd.driver.payload import check_call, dumps_code, dumps_payload
 from mlflow_hvd.driver.pool import RankPool
-from mlflow_hvd.driver.retry import Attempts, Decision, RetryPolicy
+from mlflow_hvd.driver.retry import Attempts, Decision, Failed, RetryPolicy
 from mlflow_hvd.driver.signals import sigterm_interrupts
 from mlflow_hvd.driver.supervisor import DriverSettings, GrowingBack
 from mlflow_hvd.driver.tracking import attempts
 from mlflow_hvd.errors import (
-    BackendError,
     ConfigurationError,
     JobStopped,
     RetriesExhaustedError,
-    WorkerFailedError,
 )
 from mlflow_hvd.protocol.credentials import collect as collect_credentials
 from mlflow_hvd.protocol.messages import (
@@ -245,15 +243,14 @@ class HorovodRunner:
                 if record is not None:
                     attempts.started(record, attempt, size, timeout, self._undelivered_root())
             job = self._job(main, code, target, attempt, size, settings, hooks, feed)
-            try:
-                result = self._pool.run(job, sys.stdout)
-            except (WorkerFailedError, BackendError) as exc:
-                decision = state.failed(exc)
-                error: BaseException = exc
-            else:
-                if not isinstance(result, GrowingBack):
-                    return cloudpickle.loads(result)
+            ended = self._pool.run(job, sys.stdout)
+            if isinstance(ended, bytes):
+                return cloudpickle.loads(ended)
+            if isinstance(ended, GrowingBack):
                 decision = state.grew()
+            else:
+                decision = state.failed(ended)
+                error = ended.error
             match decision:
                 case Decision.GROW:
                     pass  # the next attempt, on np ranks (elastic.py said why)
@@ -265,13 +262,19 @@ class HorovodRunner:
                         attempts.failed(record, attempt, error, timeout,
                                         self._undelivered_root())
                     if decision is Decision.GIVE_UP:
+                        assert isinstance(ended, Failed)
+                        if max_failures:
+                            log.warning("mlflow_hvd: attempt %d failed (%s); %s", attempt + 1,
+                                        str(error).splitlines()[0],
+                                        state.policy.why_not(ended, len(state.failures)))
                         if len(state.failures) == 1:
                             raise error
-                        raise RetriesExhaustedError(state.failures) from error
+                        raise RetriesExhaustedError([f.error for f in state.failures]) \
+                            from error
                     log.warning(
-                        "mlflow_hvd: attempt %d failed (%s; %d of max_failures=%d); "
-                        "restarting the job%s", attempt + 1, str(error).splitlines()[0],
-                        len(state.failures), max_failures,
+                        "mlflow_hvd: attempt %d failed (%s: %s; %d of max_failures=%d); "
+                        "restarting the job%s", attempt + 1, type(error).__name__,
+                        str(error).splitlines()[0], len(state.failures), max_failures,
                         " from its latest checkpoint" if target is not None else "")
                 case _ as unknown:
                     assert_never(unknown)

@@ -9,6 +9,7 @@ from typing import Any, TextIO
 from mlflow_hvd import ClusterConfig, JobConfig, TrackingConfig
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.driver import DriverSettings, Job, RankPool, Verbosity
+from mlflow_hvd.driver.retry import Failed
 from mlflow_hvd.protocol.messages import TrackingTarget
 
 
@@ -26,6 +27,8 @@ def run_job(backend: Backend, job: Job, driver_host: str = "127.0.0.1",
     pool = RankPool(lambda _feed, _np: (backend, driver_host), warm=False)
     try:
         value = pool.run(job, out or sys.stdout)
+        if isinstance(value, Failed):
+            raise value.error
         assert isinstance(value, bytes), f"the job ended for a restart: {value}"
         return value
     finally:

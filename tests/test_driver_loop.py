@@ -421,6 +421,21 @@ def test_backend_finished_without_every_exit_report_does_not_hang() -> None:
     )
 
 
+def test_a_job_whose_value_arrived_succeeds_when_only_an_exit_report_is_lost(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Both ranks started, rank 0 sent its value, the backend finished cleanly, and rank
+    1's exit report never came: the job trained, and it is not reported failed."""
+    def script(sink: Sink, stop: threading.Event) -> None:
+        sink(WorkerStarted(1, "h"))
+        _ok(sink, 0, value="trained")
+        sink(BackendFinished())
+
+    value, backend, _ = _run(script, report_grace=0.5)
+    assert value == "trained" and not backend.stopped_by_driver
+    assert ("ranks 1 never reported their exit within 0.5s of the fake backend's clean "
+            "finish; rank 0's value arrived: the job succeeded") in caplog.text
+
+
 @dataclasses.dataclass(frozen=True)
 class FromANewerVersion:
     """A message of a kind this driver does not know."""
@@ -475,13 +490,16 @@ def test_tasks_that_disagree_on_the_layout_fail_the_job() -> None:
 
 
 def test_an_outcome_with_neither_value_nor_error_is_refused() -> None:
+    from mlflow_hvd.driver.retry import Failed, FailureKind
     from mlflow_hvd.driver.supervisor import Outcome
 
-    assert Outcome(value=b"v").unwrap() == b"v"
-    with pytest.raises(StartTimeoutError, match="^late$"):
-        Outcome(error=StartTimeoutError("late")).unwrap()
-    with pytest.raises(BackendError, match="^the job ended with neither a value nor an error$"):
-        Outcome().unwrap()
+    assert Outcome(value=b"v").settled() == b"v"
+    late = Failed(FailureKind.START_TIMEOUT, StartTimeoutError("late"))
+    assert Outcome(failure=late).settled() is late
+    neither = Outcome().settled()
+    assert isinstance(neither, Failed) and neither.kind is FailureKind.MISMATCH
+    assert isinstance(neither.error, BackendError)
+    assert str(neither.error) == "the job ended with neither a value nor an error"
 
 
 def test_run_returns_only_when_every_admitted_task_is_gone_and_late_tasks_start_nothing() -> None:

@@ -456,3 +456,31 @@ def test_a_model_logged_during_an_outage_fails_within_mlflows_retries_and_loses_
     assert client.search_logged_models(  # none half-made
         experiment_ids=[run.info.experiment_id],
         filter_string=f"source_run_id = '{run.info.run_id}'").to_list() == []
+
+
+@pytest.mark.ranks
+def test_a_rank_of_another_version_fails_the_job_once_without_a_retry(
+    store: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fault that would repeat is not retried, whatever max_failures says: a rank that
+    sends what this driver does not know (another mlflow_hvd version) fails the attempt,
+    recorded in the run, and run() raises at once, saying why it did not retry."""
+    from mlflow_hvd.errors import BackendError
+
+    caplog.set_level(logging.INFO, logger="mlflow_hvd")
+    runner = HorovodRunner(np=-2, job=JobConfig(max_failures=2, stop_grace=2))
+    started = time.monotonic()
+    with pytest.raises(BackendError) as info:
+        runner.run(workers.speaks_another_version)
+    assert time.monotonic() - started < 30  # not three attempts of a 60 s sleep
+    assert "a rank or task sent a message this driver does not know (NoCredentials)" in str(
+        info.value)
+    assert ("not retried: the executors run another version of mlflow_hvd or disagree on "
+            "the layout, and another attempt meets the same executors") in caplog.text
+    client = mlflow.MlflowClient()
+    run_id = str(runner.last_run_id)
+    assert client.get_run(run_id).info.status == "FAILED"
+    assert [m.value for m in client.get_metric_history(run_id, "mlflow_hvd.attempt")] == [0.0]
+    assert [a.path for a in client.list_artifacts(run_id, "attempts")] == [
+        "attempts/attempt_0_error.txt"]
+    assert_no_workers_left()

@@ -1788,3 +1788,15 @@ def ddp_held_at_its_last_epoch(epochs: int, gate: str) -> dict[str, Any]:
     size = dist.get_world_size()
     dist.destroy_process_group()
     return {"attempt": mlflow_hvd.attempt(), "size": size, "trained": trained}
+
+
+def speaks_another_version() -> None:
+    """Rank 1 sends the driver a message of a kind it does not handle (as a rank of another
+    mlflow_hvd version would), then waits to be stopped; rank 0 waits too."""
+    from mlflow_hvd.protocol.messages import NoCredentials  # an answer, never a message
+    from mlflow_hvd.rank import context
+
+    if int(os.environ["HOROVOD_RANK"]) == 1:
+        assert context._client is not None
+        context._client.send(NoCredentials())
+    time.sleep(60)  # stopped by the driver long before

@@ -21,17 +21,48 @@ from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.common.deadline import Deadline
+from mlflow_hvd.common.phases import PhaseTimeout
 from mlflow_hvd.driver.feed import Feed
 from mlflow_hvd.driver.generation import Generation
 from mlflow_hvd.driver.job import Job
+from mlflow_hvd.driver.retry import Failed, FailureKind
 from mlflow_hvd.driver.supervisor import GrowingBack, JobRecord, supervise
-from mlflow_hvd.errors import BackendError, JobNotStartedError, JobStopped, WorkerFailedError
+from mlflow_hvd.errors import (
+    BackendError,
+    ConfigurationError,
+    InsufficientSlotsError,
+    JobNotStartedError,
+    JobStopped,
+    MlflowHvdError,
+    WorkerFailedError,
+)
 
 log = logging.getLogger(__name__)
 
 MakeBackend = Callable[[Feed | None, int], tuple[Backend, str]]
 """Returns a new backend for the given number of ranks that feeds them the given
 DataFrames (if any), and the address workers reach the driver at."""
+
+
+AttemptEnd = bytes | GrowingBack | Failed
+"""How an attempt ends (torch elastic's ``RunResult`` shape): rank 0's cloudpickled value, a
+planned restart on more ranks, or its failure."""
+
+
+def start_failure(error: MlflowHvdError) -> FailureKind:
+    """The kind of a failure to start a generation's ranks (its start phases: packing and
+    shipping the environment, booting Spark, waiting for slots, the stage's launch)."""
+    match error:
+        case PhaseTimeout():
+            return FailureKind.PHASE_TIMEOUT
+        case InsufficientSlotsError():
+            return FailureKind.NO_SLOTS
+        case ConfigurationError():  # refused by name: an environment, a master, an option
+            return FailureKind.REFUSED
+        case BackendError():  # Spark failed to run the stage: an executor or host lost
+            return FailureKind.BACKEND
+        case _:
+            return FailureKind.MISMATCH
 
 
 def died_before_starting(record: JobRecord) -> bool:
@@ -60,46 +91,47 @@ class RankPool:
         self._live: Generation | None = None
         self.generations = 0  # how many sets of ranks were started (1 + replacements)
 
-    def run(self, job: Job, out: TextIO) -> bytes | GrowingBack:
-        """Run ``job`` on the pool's ranks (starting them if needed) and return rank 0's
-        cloudpickled value, or :class:`GrowingBack` when the job ended for a planned restart
-        on more ranks. A job that did not succeed ends the generation; the next run starts
-        anew.
+    def run(self, job: Job, out: TextIO) -> AttemptEnd:
+        """Run ``job`` on the pool's ranks (starting them if needed): rank 0's cloudpickled
+        value, :class:`GrowingBack` when the job ended for a planned restart on more ranks,
+        or how it failed (:class:`~mlflow_hvd.driver.retry.Failed`, its kind named where it
+        was seen: the start's phases here, the job's run by the driver loop). A job that
+        did not succeed ends the generation; the next run starts anew.
 
         A warm rank that dies while idle is replaced: found before the hand-out (its exit is
         already reported), the job runs on a new generation at once; found after it (the
-        rank died having asked for the job but before starting it), the job never ran and
-        :class:`JobNotStartedError` says so (the caller's retry policy runs it again).
+        rank died having asked for the job but before starting it), the job never ran:
+        ``Failed(NOT_STARTED, JobNotStartedError)`` (the retry policy runs it again).
 
         Raises:
-            WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError,
-            JobNotStartedError.
+            JobStopped: The pool's ``stop`` was set (as on Ctrl-C).
         """
         succeeded = False
         try:
             if self.stop.is_set():
                 raise JobStopped(f"job {job.job_id} was stopped before it started")
-            handed = self._hand_out(job)
-            if not handed:
-                self._start_generation(job)
+            try:
+                handed = self._hand_out(job)
+                if not handed:
+                    self._start_generation(job)
+            except MlflowHvdError as exc:
+                return Failed(start_failure(exc), exc)
             live = self._live
             assert live is not None  # started or handed
             record = JobRecord(job.np, job.job_id, tasks=live.tasks)
             if job.grow is not None:
                 job.grow.start()
-            try:
-                value = supervise(record, live.events, live.backend, job.settings, out,
-                                  self.stop, job.grow)
-            except WorkerFailedError as exc:
-                if not (handed and died_before_starting(record)):
-                    raise
-                raise JobNotStartedError(
+            ended = supervise(record, live.events, live.backend, job.settings, out,
+                              self.stop, job.grow)
+            if (isinstance(ended, Failed) and isinstance(ended.error, WorkerFailedError)
+                    and handed and died_before_starting(record)):
+                died = ended.error
+                return Failed(FailureKind.NOT_STARTED, JobNotStartedError(
                     f"ranks of generation {live.number} died after taking job {job.job_id} "
-                    f"but before starting it: {exc.root_cause.host} rank {exc.rank} "
-                    f"({exc.root_cause.describe_exit()})"
-                ) from exc
-            succeeded = not isinstance(value, GrowingBack)
-            return value
+                    f"but before starting it: {died.root_cause.host} rank {died.rank} "
+                    f"({died.root_cause.describe_exit()})"))
+            succeeded = isinstance(ended, bytes)
+            return ended
         finally:
             if job.grow is not None:
                 job.grow.close()

@@ -22,6 +22,7 @@ from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.common.config import ClusterConfig, JobConfig
 from mlflow_hvd.driver.events import LoopEvent, UnknownMessage
 from mlflow_hvd.driver.rendezvous import ElasticRefused, LayoutMismatch
+from mlflow_hvd.driver.retry import Failed, FailureKind
 from mlflow_hvd.driver.tasks import TaskGate
 from mlflow_hvd.errors import (
     BackendError,
@@ -34,6 +35,7 @@ from mlflow_hvd.errors import (
     unfit_environment,
 )
 from mlflow_hvd.protocol.credentials import Credentials
+from mlflow_hvd.protocol.feed import FeedFault
 from mlflow_hvd.protocol.messages import (
     BackendFinished,
     CheckpointCommitted,
@@ -117,19 +119,20 @@ class JobState(enum.Enum):
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a job ended: rank 0's cloudpickled value, the error that ends the job, or (``grow``)
-    for a planned restart on more ranks."""
+    """How a job ended: rank 0's cloudpickled value, its failure (the kind and the error),
+    or (``grow``) a planned restart on more ranks."""
 
     value: bytes | None = None
-    error: MlflowHvdError | None = None
+    failure: Failed | None = None
     grow: bool = False
 
-    def unwrap(self) -> bytes:
-        """The value; raises the error."""
-        if self.error is not None:
-            raise self.error
+    def settled(self) -> bytes | Failed:
+        """The value or the failure (an outcome with neither is a failure of its own)."""
+        if self.failure is not None:
+            return self.failure
         if self.value is None:  # every constructor sets one or the other
-            raise BackendError("the job ended with neither a value nor an error")
+            return Failed(FailureKind.MISMATCH,
+                          BackendError("the job ended with neither a value nor an error"))
         return self.value
 
 
@@ -156,7 +159,7 @@ class JobRecord:
     arrived_at: float = 0.0  # when the latest rank started
     # why no rank can start: the job's DataFrames cannot be fed, or a host cannot run the
     # environment shipped to it
-    setup_error: MlflowHvdError | None = None
+    setup: Failed | None = None
     tasks: TaskGate = field(default_factory=TaskGate)  # Spark tasks that may host a worker
     tails: dict[int, collections.deque[str]] = field(
         default_factory=lambda: collections.defaultdict(
@@ -289,27 +292,30 @@ def supervise(
     out: TextIO,
     stop: threading.Event,
     grow: GrowBack | None = None,
-) -> bytes | GrowingBack:
+) -> bytes | GrowingBack | Failed:
     """Run the loop until every rank exited or a deadline ends the job.
 
     Returns:
-        Rank 0's cloudpickled return value, or :class:`GrowingBack` once ``grow`` decided
-        to restart at a checkpoint (the caller stops the ranks).
+        Rank 0's cloudpickled return value, :class:`GrowingBack` once ``grow`` decided to
+        restart at a checkpoint (the caller stops the ranks), or how the job failed
+        (:class:`~mlflow_hvd.driver.retry.Failed`: ``WorkerFailedError``,
+        ``StartTimeoutError``, ``RunTimeoutError``, ``BackendError`` or an input refused,
+        with the kind the retry policy decides on).
 
     Raises:
-        WorkerFailedError, StartTimeoutError, RunTimeoutError, BackendError.
         JobStopped: ``stop`` was set (the caller stops the ranks, as on Ctrl-C).
     """
     outcome = watch(job, events, backend, settings, out, stop, grow)
-    log.info("job %s: %s after %.1fs", job.job_id,
-             "ends for a restart on more ranks" if outcome.grow
-             else "succeeded" if outcome.error is None
-             else f"ended by {type(outcome.error).__name__}",
-             time.monotonic() - job.t0)
     if outcome.grow:
         assert job.checkpoint is not None  # grown at a checkpoint
+        log.info("job %s: ends for a restart on more ranks after %.1fs", job.job_id,
+                 time.monotonic() - job.t0)
         return GrowingBack(job.job_id, job.checkpoint)
-    return outcome.unwrap()
+    settled = outcome.settled()
+    log.info("job %s: %s after %.1fs", job.job_id,
+             f"ended by {type(settled.error).__name__} ({settled.kind.value})"
+             if isinstance(settled, Failed) else "succeeded", time.monotonic() - job.t0)
+    return settled
 
 
 def watch(
@@ -328,19 +334,19 @@ def watch(
     checkpoint rank 0 committed while every rank runs (:func:`_grows_back`)."""
     t0 = job.t0
     wind_down = settings.stop_grace + settings.report_grace
-    aborted: MlflowHvdError | None = None
+    aborted: Failed | None = None
     while not job.all_exited():
         if stop.is_set():
             raise JobStopped(f"job {job.job_id} was stopped (HorovodRunner.stop)")
         now = time.monotonic()
         if job.state is JobState.RUNNING:
-            error = _check_running(job, backend, settings, now - t0, now)
-            if error is not None:
-                if not job.started or error is not job.setup_error:
-                    return Outcome(error=error)
+            failure = _check_running(job, backend, settings, now - t0, now)
+            if failure is not None:
+                if not job.started or failure is not job.setup:
+                    return Outcome(failure=failure)
                 # the data could not be fed, and ranks started while their tasks fed it: as
                 # after a rank failure, run() returns once they are gone (they stop at once)
-                aborted = error
+                aborted = failure
         elif now > job.since + wind_down or (
             job.state in (JobState.STOPPING, JobState.ABORTED)
             and job.backend_finished is not None
@@ -366,7 +372,7 @@ def watch(
             # A rank that reported an error exits by itself right after; it got a moment so
             # that its real exit status is reported rather than our SIGTERM.
             job.stop(backend)
-    return Outcome(error=aborted) if aborted is not None else _outcome(job)
+    return Outcome(failure=aborted) if aborted is not None else _outcome(job)
 
 
 def _grows_back(job: JobRecord, message: LoopEvent, grow: GrowBack | None) -> bool:
@@ -380,12 +386,13 @@ def _grows_back(job: JobRecord, message: LoopEvent, grow: GrowBack | None) -> bo
 
 def _check_running(
     job: JobRecord, backend: Backend, settings: DriverSettings, elapsed: float, now: float
-) -> MlflowHvdError | None:
-    """The deadlines and faults of a job with no rank failure yet: the error that ends the
-    job (its ranks already told to stop), or None."""
+) -> Failed | None:
+    """The deadlines and faults of a job with no rank failure yet: how the job fails (its
+    ranks already told to stop where they run on), or None."""
     np = job.np
-    if job.setup_error is not None:
-        return job.abort(backend, job.setup_error)
+    if job.setup is not None:
+        job.abort(backend, job.setup.error)
+        return job.setup
     # The start deadline counts from the job's latest progress: tasks feeding its data, or
     # a rank arriving (many ranks sharing a node's cores arrive one after another, late but
     # steadily; a job is stuck only when nothing moves for start_timeout).
@@ -397,45 +404,55 @@ def _check_running(
         else:
             when = (f" within {settings.start_timeout:g}s "
                     f"{'of the last progress feeding the data ' if job.fed_at else ''}")
-        return job.abort(backend, StartTimeoutError(
+        return Failed(FailureKind.START_TIMEOUT, job.abort(backend, StartTimeoutError(
             f"{len(job.started)} of {np} ranks started{when}"
             f"(missing ranks: {', '.join(map(str, missing))}). Raise "
             "HorovodRunner(job=JobConfig(start_timeout=...)) if workers are slow to start, or "
             "check that the "
             "cluster has free slots"
-        ))
+        )))
     if len(job.started) == np and job.feeding and now - job.fed_at > settings.start_timeout:
         # the ranks start while their tasks feed, and wait for their shards
-        return job.abort(backend, StartTimeoutError(
+        return Failed(FailureKind.START_TIMEOUT, job.abort(backend, StartTimeoutError(
             f"the data feed of task(s) {', '.join(map(str, sorted(job.feeding)))} made no "
             f"progress within {settings.start_timeout:g}s (every rank started and waits for "
             "its shard). Raise HorovodRunner(job=JobConfig(start_timeout=...)) if computing "
-            "the DataFrame's partitions takes longer, or check the executors' logs"))
+            "the DataFrame's partitions takes longer, or check the executors' logs")))
     if settings.timeout is not None and elapsed > settings.timeout:
-        return job.abort(backend, RunTimeoutError(
+        return Failed(FailureKind.RUN_TIMEOUT, job.abort(backend, RunTimeoutError(
             f"the job did not finish within {settings.timeout:g}s ({len(job.exited)} of "
             f"{np} ranks exited); raise HorovodRunner(job=JobConfig(timeout=...)) or pass "
             f"timeout=None for no "
             "limit"
-        ))
+        )))
     if job.fault:
-        return job.abort(backend, BackendError(
-            f"the {backend.name} backend cannot run this job: {job.fault}"))
+        return Failed(FailureKind.MISMATCH, job.abort(backend, BackendError(
+            f"the {backend.name} backend cannot run this job: {job.fault}")))
     finished = job.backend_finished
     if finished is None or job.backend_finished_at is None:
         return None
     if finished.error:
-        return BackendError(
+        return Failed(FailureKind.BACKEND, BackendError(
             f"the {backend.name} backend failed before all ranks finished "
             f"({len(job.exited)} of {np} exited{job.describe_missing()}): {finished.error}"
-        )
+        ))
     if now > job.backend_finished_at + settings.report_grace:
         missing = sorted(set(range(np)) - set(job.exited))
-        return BackendError(
+        if job.result is not None and not job.errors and set(missing) <= set(job.started):
+            # the backend saw every rank end well, each had started, and rank 0's value is
+            # here: the job trained; only reports were lost on the way (no failure after it)
+            log.warning("mlflow_hvd: ranks %s never reported their exit within %gs of the %s "
+                        "backend's clean finish; rank 0's value arrived: the job succeeded",
+                        ", ".join(map(str, missing)), settings.report_grace, backend.name)
+            for rank in missing:
+                job.exited[rank] = WorkerExited(rank, job.started.get(rank, "?"), 0,
+                                                time.time())
+            return None
+        return Failed(FailureKind.BACKEND, BackendError(
             f"the {backend.name} backend finished but ranks {', '.join(map(str, missing))} "
             f"never reported their exit within {settings.report_grace:g}s of it; their output "
             "was lost on the way to the driver"
-        )
+        ))
     return None
 
 
@@ -443,12 +460,13 @@ def _outcome(job: JobRecord) -> Outcome:
     if job.rank_failed():
         failures, stopped, unreported = job.failures()
         if failures:
-            return Outcome(error=WorkerFailedError(failures[0], failures, stopped, unreported))
+            return Outcome(failure=Failed(FailureKind.RANK, WorkerFailedError(
+                failures[0], failures, stopped, unreported)))
     if job.result is None:
-        return Outcome(error=BackendError(
+        return Outcome(failure=Failed(FailureKind.MISMATCH, BackendError(
             "every rank exited with status 0 but rank 0 sent no return value; "
             "was the worker replaced by another program?"
-        ))
+        )))
     return Outcome(value=job.result.payload)
 
 
@@ -511,11 +529,13 @@ def handle(message: LoopEvent, job: JobRecord, settings: DriverSettings, out: Te
                          job.job_id, message.partition, message.rows,
                          message.bytes / 2**20, job.fed_at - job.t0)
         case ElasticRefused():
-            job.setup_error = job.setup_error or message.error()
-        case FeedFailed():
-            job.setup_error = job.setup_error or message.fault.error(message.error)
+            job.setup = job.setup or Failed(FailureKind.REFUSED, message.error())
+        case FeedFailed():  # the data (refused by name) or a host (a full disk)
+            job.setup = job.setup or Failed(
+                FailureKind.REFUSED if message.fault is FeedFault.DATA else FailureKind.BACKEND,
+                message.fault.error(message.error))
         case EnvironmentMismatch():
-            job.setup_error = job.setup_error or unfit_environment(
-                f"{message.host} (task {message.partition})", message.differences)
+            job.setup = job.setup or Failed(FailureKind.REFUSED, unfit_environment(
+                f"{message.host} (task {message.partition})", message.differences))
         case _:
             assert_never(message)

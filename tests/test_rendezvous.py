@@ -82,7 +82,7 @@ def test_a_channel_that_cannot_listen_leaves_no_rendezvous_server_behind(
 
 def _outside_address() -> str:
     """An address of this machine that is not loopback (where a neighbour would connect)."""
-    from mlflow_hvd.driver.gloo_server import local_addresses
+    from mlflow_hvd.driver.admission import local_addresses
 
     found = sorted(a for a in local_addresses() if ":" not in a and not a.startswith("127."))
     assert found, "this machine has no non-loopback IPv4 address to test with"

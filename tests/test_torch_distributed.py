@@ -14,6 +14,7 @@ from typing import Any
 import mlflow
 import pytest
 import workers
+from services import wait_until
 
 from mlflow_hvd import HorovodRunner, JobConfig, WorkerFailedError
 
@@ -202,15 +203,73 @@ def test_sharded_checkpoint_files_move_to_rank_0_and_back_a_chunk_at_a_time(
     assert first["received"] == second["received"] == first["written"]
 
 
+def test_the_store_serves_only_the_jobs_hosts(caplog: pytest.LogCaptureFixture) -> None:
+    """A Spark job's store (bound on an address of this machine that is not loopback)
+    forwards no connection before the layout is known, then only from the layout's hosts:
+    anyone else is closed before a byte is read or written, counted and named."""
+    from torch.distributed import TCPStore
+
+    from mlflow_hvd.driver.admission import Admission, local_addresses
+    from mlflow_hvd.driver.torch_store import TorchStore
+
+    here = sorted(a for a in local_addresses() if ":" not in a and not a.startswith("127."))[0]
+    admission = Admission(here)
+    store = TorchStore(here, admission)
+    try:
+        store.serve()
+        wait_until(lambda: store.serving, 60, "the store serving")
+
+        def stranger() -> bytes:
+            with socket.create_connection((here, store.port), timeout=10) as sock:
+                return sock.recv(1)  # closed unread: b""
+
+        with caplog.at_level("WARNING", logger="mlflow_hvd.driver.torch_store"):
+            assert stranger() == b""  # no layout yet: nobody
+            admission.admit_hosts({"198.51.100.99"})  # the job runs elsewhere
+            assert stranger() == b""
+        assert store.refused == 2
+        assert f"refused a connection from {here}, not a host of this job" in caplog.text
+        admission.admit_hosts({here})  # a task on this machine
+        client = TCPStore(here, store.port, None, False, datetime.timedelta(seconds=30))
+        client.set("key", "value")
+        assert client.get("key") == b"value" and store.refused == 2
+        del client
+    finally:
+        store.close()
+
+
+def test_a_store_that_cannot_start_fails_the_job_at_once_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's store fails to start (its port taken): the job fails at once, naming
+    it, instead of its ranks waiting in init_process_group for torch's 30 minutes."""
+    from mlflow_hvd.driver.torch_store import TorchStore
+    from mlflow_hvd.errors import BackendError
+
+    def port_taken(self: TorchStore) -> Any:
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr(TorchStore, "_open_store", port_taken)
+    runner = HorovodRunner(np=-2, job=JobConfig(stop_grace=2))
+    started = time.monotonic()
+    with pytest.raises(BackendError) as info:
+        runner.run(workers.ddp_as_pytorch_writes_it, steps=2)
+    took = time.monotonic() - started
+    assert took < 30, took  # the ranks' start, then at once; not torch's 30 minutes
+    assert "the driver's torch.distributed store (port " in str(info.value)
+    assert str(info.value).endswith("could not start: OSError: [Errno 98] Address already "
+                                    "in use")
+
+
 def test_the_drivers_store_binds_a_port_at_once_serves_when_asked_and_releases_it() -> None:
     """The port exists before torch is imported (it goes to the ranks with their
     environment); a rank that connects before the store serves waits in the backlog and is
     answered; closing releases the port."""
     from torch.distributed import TCPStore
 
+    from mlflow_hvd.driver.admission import Admission
     from mlflow_hvd.driver.torch_store import TorchStore
 
-    store = TorchStore("127.0.0.1")
+    store = TorchStore("127.0.0.1", Admission("127.0.0.1"))
     try:
         assert not store.serving
         store.serve()
@@ -230,9 +289,11 @@ def test_the_drivers_store_binds_a_port_at_once_serves_when_asked_and_releases_i
     # as for the job's channel
     from mlflow_hvd.common.network import listen_address
 
-    elsewhere = TorchStore(listen_address("198.51.100.250"))
+    admission = Admission(listen_address("198.51.100.250"))
+    elsewhere = TorchStore(listen_address("198.51.100.250"), admission)
     try:
         assert elsewhere.host == ""
+        admission.admit_hosts({"127.0.0.1"})  # the layout: a task on this machine
         elsewhere.serve()
         client = TCPStore("127.0.0.1", elsewhere.port, None, False,
                           datetime.timedelta(seconds=30))

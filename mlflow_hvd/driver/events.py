@@ -3,7 +3,8 @@ as one closed union, :data:`LoopEvent`: the ranks', the tasks' and the backend's
 about the job (rank 0's word that a checkpoint is committed among them) and what the driver
 notes itself - a rank's
 or a Spark task's connection closed, two tasks' layouts that disagree, Horovod elastic
-refused, and a message of a kind this driver does not know (refused: the ranks run another
+refused, the job's torch.distributed store failed to start, and a message of a kind this
+driver does not know (refused: the ranks run another
 version of mlflow_hvd).
 
 Every message a peer sends goes through one dispatch (:func:`mlflow_hvd.driver.routing
@@ -47,8 +48,17 @@ class UnknownMessage:
                 "ship_environment=True))")
 
 
+@dataclass(frozen=True)
+class TorchStoreFailed:
+    """The job's torch.distributed store could not start (``detail`` says why): its ranks
+    would wait in ``init_process_group`` for torch's 30 minutes. The job fails at once."""
+
+    detail: str
+
+
 LoopEvent = (
     WorkerStarted | OutputLines | WorkerResult | WorkerError | WorkerExited | JobEnded
     | BackendFinished | FeedProgress | FeedFailed | EnvironmentMismatch | RankDisconnected
     | TaskDisconnected | LayoutMismatch | ElasticRefused | UnknownMessage | CheckpointCommitted
+    | TorchStoreFailed
 )

@@ -21,7 +21,7 @@ from mlflow_hvd.common import logs
 from mlflow_hvd.common.deadline import Deadline
 from mlflow_hvd.common.network import listen_address
 from mlflow_hvd.driver.channel_server import ChannelServer, ChannelStats
-from mlflow_hvd.driver.events import LoopEvent
+from mlflow_hvd.driver.events import LoopEvent, TorchStoreFailed
 from mlflow_hvd.driver.job import Job
 from mlflow_hvd.driver.limits import ensure_open_files
 from mlflow_hvd.driver.rendezvous import ElasticRefused, Rendezvous, RendezvousStats
@@ -258,7 +258,8 @@ class Generation:
             self._torch = None
         if not torch_available():
             return 0
-        self._torch = TorchStore(self.bind_host)
+        self._torch = TorchStore(self.bind_host, self.rendezvous.admission,
+                                 on_failure=lambda why: self.events.put(TorchStoreFailed(why)))
         return self._torch.port
 
     def _serve_torch(self) -> None:

@@ -29,16 +29,15 @@ hundred per second.
 The store has no authentication (horovod's C++ Gloo client cannot send any), and every rank
 trusts the addresses it reads there. So the server listens where the job's channel does
 (loopback for local ranks, the driver's address for Spark) and answers only the job's
-hosts: loopback for a local job; for Spark, the addresses of the hosts in the layout the
-barrier tasks report (and this machine's own addresses when a task runs here). Anyone else
-gets 403, is counted, and is named in the lifecycle log.
+hosts (:mod:`mlflow_hvd.driver.admission`, shared with the torch.distributed store):
+loopback for a local job; for Spark, the addresses of the hosts in the layout the barrier
+tasks report. Anyone else gets 403, is counted, and is named in the lifecycle log.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import ipaddress
 import logging
 import socket
 import threading
@@ -48,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from mlflow_hvd.driver.admission import Admission
 from mlflow_hvd.driver.channel_server import LISTEN_BACKLOG
 from mlflow_hvd.protocol.messages import RankSlot
 
@@ -166,41 +166,7 @@ def _handler_for(keys: _Keys, on_elastic: Callable[[], None]) -> type[Any]:
     return Handler
 
 
-LOOPBACK = frozenset({"127.0.0.1", "::1"})
 FORBIDDEN = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-
-
-def local_addresses() -> frozenset[str]:
-    """Every address of this machine's interfaces, loopback included."""
-    import psutil
-
-    found = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values()
-             for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)}
-    return frozenset(found | LOOPBACK)
-
-
-def host_addresses(hostnames: set[str]) -> frozenset[str]:
-    """The addresses the ranks on ``hostnames`` connect from: each name's own addresses,
-    and all of this machine's when one of them is here (a rank connecting to a local
-    address may use any of them as its source)."""
-    found: set[str] = set()
-    for name in hostnames:
-        try:
-            found |= {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
-        except OSError:
-            log.warning("rendezvous: the job's host %s does not resolve; its ranks will be "
-                        "refused", name)
-    here = local_addresses()
-    if found & here or any(ipaddress.ip_address(a).is_loopback for a in found):
-        found |= here
-    return frozenset(found)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return bool(host) and ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
 
 
 @functools.cache
@@ -211,22 +177,22 @@ def _server_class() -> type[Any]:
 
     class Server(RendezvousHTTPServer):
         """horovod's server, listening for a whole job and serving from a pool of threads,
-        to the clients ``admitted`` (a set of addresses, replaced once the layout is known)."""
+        to the clients its :class:`~mlflow_hvd.driver.admission.Admission` admits."""
 
         request_queue_size = LISTEN_BACKLOG
 
         def __init__(self, handler: type[Any], threads: int, bind_host: str,
-                     keys: _Keys, admitted: frozenset[str]) -> None:
+                     keys: _Keys, admission: Admission) -> None:
             # before binding: a failed bind closes the server, which shuts the pools down
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mlflow-hvd-rdv")
             # strangers are answered apart from the job's requests, never in the accept loop
             self._refusals = ThreadPoolExecutor(2, thread_name_prefix="mlflow-hvd-rdv-refuse")
             self._keys = keys
-            self.admitted = admitted
+            self.admission = admission
             super().__init__((bind_host, 0), handler, 0)
 
         def process_request(self, request: Any, client_address: Any) -> None:
-            if client_address[0] not in self.admitted:
+            if client_address[0] not in self.admission:
                 with self._keys.cond:
                     self._keys.refused += 1
                 log.warning("rendezvous: refused a request from %s, not a host of this job",
@@ -283,8 +249,9 @@ class GlooServer:
     Args:
         size: The number of ranks. Each may hold one request while it waits for a key, so
             the server has a thread for each, and some for the requests that answer them.
-        bind_host: The address it listens on (loopback: it answers only loopback; else only
-            the hosts :meth:`init` names).
+        bind_host: The address it listens on.
+        admission: Whom it answers (the generation's: loopback for a local job, the
+            layout's hosts for a Spark job).
         on_elastic: Called when a rank starts Horovod elastic, before it is refused.
 
     Raises:
@@ -292,12 +259,11 @@ class GlooServer:
             :mod:`mlflow_hvd.common.horovod_launcher`).
     """
 
-    def __init__(self, size: int, bind_host: str, on_elastic: Callable[[], None]) -> None:
+    def __init__(self, size: int, bind_host: str, on_elastic: Callable[[], None],
+                 admission: Admission) -> None:
         self._keys = _Keys()
-        # a local job's ranks are here; a Spark job's hosts are known from its layout
-        admitted = LOOPBACK if _is_loopback(bind_host) else frozenset()
         handler = _handler_for(self._keys, on_elastic)
-        self._server = _server_class()(handler, size + 16, bind_host, self._keys, admitted)
+        self._server = _server_class()(handler, size + 16, bind_host, self._keys, admission)
         self._server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.address = str(self._server.server_address[0])  # where it listens
         self.port = int(self._server.server_address[1])
@@ -309,11 +275,8 @@ class GlooServer:
     def stats(self) -> RendezvousStats:
         return self._keys.stats()
 
-    def init(self, slots: tuple[RankSlot, ...], first: bool) -> None:
-        """A fresh round of ``hvd.init()`` for ranks laid out as ``slots``; on the ``first``,
-        the server starts answering their hosts."""
-        if first and self._server.admitted != LOOPBACK:
-            self._server.admitted = host_addresses({s.hostname for s in slots})
+    def init(self, slots: tuple[RankSlot, ...]) -> None:
+        """A fresh round of ``hvd.init()`` for ranks laid out as ``slots``."""
         self._server.init(_slot_infos(slots))
 
     def stop(self) -> None:

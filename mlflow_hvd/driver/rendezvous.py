@@ -1,6 +1,7 @@
 """The job's rendezvous: the rank layout every Spark task computed, agreed, and horovod's
 Gloo rendezvous server for ``hvd.init()`` where the driver has Horovod
-(:mod:`mlflow_hvd.driver.gloo_server`).
+(:mod:`mlflow_hvd.driver.gloo_server`). The first layout also says whom the job's servers
+answer (:attr:`Rendezvous.admission`: the rendezvous and the torch.distributed store).
 
 A job of torch.distributed code needs no Horovod anywhere: where the driver has none, no
 server starts, the ranks are started without ``HOROVOD_GLOO_RENDEZVOUS_*``, and a rank that
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlflow_hvd.common import compat
+from mlflow_hvd.driver.admission import Admission
 from mlflow_hvd.driver.gloo_server import ELASTIC_REFUSED, GlooServer, RendezvousStats
 from mlflow_hvd.errors import ConfigurationError
 from mlflow_hvd.protocol.messages import LayoutReport, RankSlot
@@ -67,7 +69,9 @@ class Rendezvous:
                  horovod: bool | None = None) -> None:
         if horovod is None:
             horovod = compat.HOROVOD.installed() is not None
-        self._server = GlooServer(size, bind_host, on_elastic) if horovod else None
+        self.admission = Admission(bind_host)
+        self._server = GlooServer(size, bind_host, on_elastic, self.admission) \
+            if horovod else None
         if self._server is None:
             log.info("no Horovod on the driver: no Gloo rendezvous server for hvd.init() "
                      "(torch.distributed needs none)")
@@ -85,8 +89,9 @@ class Rendezvous:
         with self._lock:
             if self.slots is None:
                 self.slots = report.slots
+                self.admission.admit_hosts({s.hostname for s in report.slots})
                 if self._server is not None:
-                    self._server.init(report.slots, first=True)
+                    self._server.init(report.slots)
                 return None
             if report.slots == self.slots:
                 return None
@@ -102,7 +107,7 @@ class Rendezvous:
         """A fresh round for the next ``hvd.init()`` of the same ranks (warm ranks)."""
         with self._lock:
             if self.slots is not None and self._server is not None:
-                self._server.init(self.slots, first=False)
+                self._server.init(self.slots)
 
     def stop(self) -> None:
         """Stop serving (within 50 ms) and close the socket."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TextIO, assert_never
 
 from mlflow_hvd.backends.base import Backend
 from mlflow_hvd.common.config import ClusterConfig, JobConfig
-from mlflow_hvd.driver.events import LoopEvent, UnknownMessage
+from mlflow_hvd.driver.events import LoopEvent, TorchStoreFailed, UnknownMessage
 from mlflow_hvd.driver.rendezvous import ElasticRefused, LayoutMismatch
 from mlflow_hvd.driver.retry import Failed, FailureKind
 from mlflow_hvd.driver.tasks import TaskGate
@@ -534,6 +534,8 @@ def handle(message: LoopEvent, job: JobRecord, settings: DriverSettings, out: Te
             job.setup = job.setup or Failed(
                 FailureKind.REFUSED if message.fault is FeedFault.DATA else FailureKind.BACKEND,
                 message.fault.error(message.error))
+        case TorchStoreFailed():
+            job.setup = job.setup or Failed(FailureKind.BACKEND, BackendError(message.detail))
         case EnvironmentMismatch():
             job.setup = job.setup or Failed(FailureKind.REFUSED, unfit_environment(
                 f"{message.host} (task {message.partition})", message.differences))

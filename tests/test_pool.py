@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import mlflow
@@ -148,6 +149,61 @@ class _NoRanks:
     def close(self) -> None: ...
     def describe(self) -> dict[str, str]:
         return {}
+
+
+def test_a_ranks_exit_between_jobs_is_seen_by_the_hand_out_or_reaches_the_next_job() -> None:
+    """Over the real channel, both ranks ask for the next job, then rank 1's exit report
+    arrives: before the hand-out, the hand-out refuses the generation naming it; after it,
+    the report is in the next job's own events (its loop then fails it by name). Nothing
+    of the last job is in the next job's events. (With one queue for every job, checked
+    and then emptied by the hand-out while reports were put without its lock, a report
+    arriving in between was dropped; the report is now recorded under that lock.)"""
+    from driver_jobs import settings
+
+    from mlflow_hvd.common.deadline import Deadline
+    from mlflow_hvd.driver.generation import Generation
+    from mlflow_hvd.driver.job import Job
+    from mlflow_hvd.errors import BackendError
+    from mlflow_hvd.protocol.channel import ChannelClient
+    from mlflow_hvd.protocol.messages import AwaitJob, NextJob, OutputLines, Stream, WorkerExited
+
+    def generation_waiting() -> tuple[Generation, list[object], list[threading.Thread]]:
+        gen = Generation(2, _NoRanks(), "127.0.0.1", warm=True)  # type: ignore[arg-type]
+        gen.launch(Job(2, b"first", settings()))
+        answers: list[object] = []
+        asks = [threading.Thread(target=lambda r=r: answers.append(ChannelClient(
+            "127.0.0.1", gen.port, gen.secret, timeout=10).request(AwaitJob(r), 30)))
+            for r in (0, 1)]
+        for ask in asks:
+            ask.start()
+        return gen, answers, asks
+
+    exit_1 = WorkerExited(1, "localhost", -9, time.time())
+    gen, answers, asks = generation_waiting()
+    try:
+        gen._route(exit_1)  # the report arrives while the ranks wait
+        with pytest.raises(BackendError, match="^a pooled rank ended between jobs: rank 1 on "
+                                               r"localhost \(exit -9\)$"):
+            gen.hand_out(Job(2, b"next", settings()), Deadline.after(10))
+    finally:
+        gen.close(stop_now=False)
+        for ask in asks:
+            ask.join(timeout=10)
+    gen, answers, asks = generation_waiting()
+    try:
+        stale = OutputLines(0, Stream.STDOUT, ("the first job's last line",))
+        gen._route(stale)
+        gen.hand_out(Job(2, b"next", settings()), Deadline.after(10))
+        gen._route(exit_1)  # after the hand-out: the next job's loop gets it
+        events = []
+        while not gen.events.empty():
+            events.append(gen.events.get_nowait())
+        assert events == [exit_1]
+        for ask in asks:
+            ask.join(timeout=10)
+        assert [type(a) for a in answers] == [NextJob, NextJob]
+    finally:
+        gen.close(stop_now=False)
 
 
 def test_ranks_that_do_not_ask_for_the_next_job_in_time_end_the_generation(

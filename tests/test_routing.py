@@ -87,7 +87,7 @@ def test_a_late_layout_report_starts_no_worker() -> None:
     rendezvous = Rendezvous(2)
     try:
         tasks, events = TaskGate(), queue.Queue[object]()
-        answer = layout_answer(tasks, rendezvous, events)
+        answer = layout_answer(tasks, rendezvous, events.put)
         slots = assign_slots(["h", "h"])
         assert answer(LayoutReport(0, slots)) == Launch()
         tasks.close()
@@ -103,7 +103,7 @@ def test_undelivered_tracking_goes_to_the_current_jobs_handler() -> None:
         kept: list[UndeliveredTracking] = []
         events: queue.Queue[object] = queue.Queue()
         handler = {"now": None}
-        route = message_router(events, rendezvous, lambda: handler["now"], TaskGate())
+        route = message_router(events.put, rendezvous, lambda: handler["now"], TaskGate())
         message = UndeliveredTracking("r1", "sqlite://", "h", (), (), "outage")
         route(message)  # no job yet: said, not queued
         handler["now"] = kept.append  # type: ignore[assignment]

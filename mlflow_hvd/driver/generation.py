@@ -110,7 +110,10 @@ class Generation:
         self.np, self.backend, self.driver_host = np, backend, driver_host
         self.warm, self.number = warm, number
         self.name = f"generation {number}"  # a cold one is named for its job at launch
-        self.events: queue.Queue[LoopEvent] = queue.Queue()
+        # the current job's events (a new queue for each job: what arrives for a job that
+        # ended goes nowhere), and what ended a rank's process, recorded as it arrives
+        self._events: queue.Queue[LoopEvent] = queue.Queue()
+        self._lost: dict[int, str] = {}
         self.tasks = TaskGate()  # the generation's Spark tasks
         self.secret = secrets.token_bytes(32)
         self.state = GenerationState.SERVING
@@ -123,14 +126,14 @@ class Generation:
         # where the channel, the rendezvous and the torch store listen (one choice)
         self.bind_host = listen_address(driver_host)
         self.rendezvous = Rendezvous(np, self.bind_host,
-                                     on_elastic=lambda: self.events.put(ElasticRefused()))
+                                     on_elastic=lambda: self._post(ElasticRefused()))
         self._route = message_router(
-            self.events, self.rendezvous, self._undelivered, self.tasks, self._fed,
+            self._post, self.rendezvous, self._undelivered, self.tasks, self._fed,
             on_torch_store=self._serve_torch, on_job_end=self._job_ended,
             on_exit=self._exited)
         self._torch: TorchStore | None = None  # the current job's torch.distributed store
         answer = request_router(
-            self._tracking, layout_answer(self.tasks, self.rendezvous, self.events),
+            self._tracking, layout_answer(self.tasks, self.rendezvous, self._post),
             credentials_answer(self.secret, self._credentials),
             self._await_job if warm else None)
         channel: ChannelServer | None = None
@@ -147,6 +150,29 @@ class Generation:
         self._idle_timeout = 0.0
         self.feed_key: tuple[tuple[str, int], ...] = ()  # the DataFrames its ranks were fed
         self.split: FeedAgreed | None = None  # how they were split over the ranks
+
+    # --- the current job's events ---------------------------------------------------------
+    @property
+    def events(self) -> queue.Queue[LoopEvent]:
+        """The current job's events (what its driver loop consumes)."""
+        with self._cond:
+            return self._events
+
+    def _post(self, event: LoopEvent) -> None:
+        """Hand ``event`` to the current job, and note a rank's process ending (its exit,
+        its connection closing, its error) for :meth:`hand_out`, under the lock that
+        hands out the next job: a rank that ends between two jobs is seen by the next
+        hand-out or reaches the next job's loop, never neither."""
+        with self._cond:
+            match event:
+                case WorkerExited():
+                    self._lost[event.rank] = (f"rank {event.rank} on {event.host} "
+                                              f"(exit {event.exit_code})")
+                case RankDisconnected() | WorkerError():
+                    self._lost.setdefault(event.rank, f"rank {event.rank}")
+                case _:
+                    pass
+            self._events.put(event)
 
     # --- the current job's handlers ------------------------------------------------------
     def _tracking(self, request: TrackingWrite | EpochReport) -> object:
@@ -198,8 +224,8 @@ class Generation:
             while True:
                 if self.state is not GenerationState.SERVING:
                     raise BackendError(f"the warm ranks are {self.state.value}")
-                gone = self._gone_between_jobs()  # a dead rank's request may still wait
-                if gone:
+                if self._lost:  # a dead rank's request may still wait
+                    gone = "; ".join(self._lost[rank] for rank in sorted(self._lost))
                     raise BackendError(f"a pooled rank ended between jobs: {gone}")
                 if len(self._waiting) >= self.np:
                     break
@@ -210,7 +236,7 @@ class Generation:
                         "next job in time"
                     )
                 self._cond.wait(deadline.slice(0.1))
-            self._drain_idle_messages()
+            self._events = queue.Queue()  # what came between jobs belongs to no job
             self._idle.clear()
             self.rendezvous.reset()  # a fresh round for Horovod's next init
             self._new_torch_store()  # and a fresh store for torch.distributed's
@@ -259,7 +285,7 @@ class Generation:
         if not torch_available():
             return 0
         self._torch = TorchStore(self.bind_host, self.rendezvous.admission,
-                                 on_failure=lambda why: self.events.put(TorchStoreFailed(why)))
+                                 on_failure=lambda why: self._post(TorchStoreFailed(why)))
         return self._torch.port
 
     def _serve_torch(self) -> None:
@@ -280,25 +306,6 @@ class Generation:
             log.info("%s: rank %d on %s ended between jobs (exit %d); the next job "
                      "starts new ranks", self.name, message.rank, message.host,
                      message.exit_code)
-
-    def _gone_between_jobs(self) -> str:
-        """A description of ranks that ended while idle (their exit reports queued)."""
-        found: dict[int, str] = {}  # rank -> what is known of its end (its exit, if seen)
-        for message in list(self.events.queue):
-            if isinstance(message, WorkerExited):
-                found[message.rank] = (f"rank {message.rank} on {message.host} "
-                                       f"(exit {message.exit_code})")
-            elif isinstance(message, RankDisconnected | WorkerError):
-                found.setdefault(message.rank, f"rank {message.rank}")
-        return "; ".join(found[rank] for rank in sorted(found))
-
-    def _drain_idle_messages(self) -> None:
-        """Messages that arrived between jobs (stray output) belong to no job: drop them."""
-        while True:
-            try:
-                self.events.get_nowait()
-            except queue.Empty:
-                return
 
     def close(self, stop_now: bool) -> None:
         """-> CLOSED: let the ranks end by themselves (a cold job's ranks after their job,

@@ -4,7 +4,6 @@ request (every request type has its own answer types, :mod:`mlflow_hvd.protocol.
 from __future__ import annotations
 
 import logging
-import queue
 from collections.abc import Callable
 
 from mlflow_hvd.driver.events import LoopEvent, UnknownMessage
@@ -47,10 +46,11 @@ log = logging.getLogger(__name__)
 # that prunes, an EpochReport (-> EpochVerdict or NotJudged)
 TrackingWriter = Callable[[TrackingWrite | EpochReport], object]
 UndeliveredHandler = Callable[[UndeliveredTracking], None]
+Post = Callable[[LoopEvent], None]  # hands an event to the current job's driver loop
 
 
 def message_router(
-    events: queue.Queue[LoopEvent],
+    post: Post,
     rendezvous: Rendezvous,
     on_undelivered: Callable[[], UndeliveredHandler | None],
     tasks: TaskGate,
@@ -65,7 +65,8 @@ def message_router(
     undelivered tracking to the current job's handler (``on_undelivered()``); a rank's
     word that it imported torch.distributed to ``on_torch_store``; a pooled rank's job end
     to ``on_job_end`` and a rank's exit to ``on_exit``. What the driver loop needs goes to
-    ``events``; a kind of message this driver does not know goes there as
+    ``post`` (the current job's events); a kind of message this driver does not know goes
+    there as
     :class:`UnknownMessage` (the job fails, naming it)."""
 
     def on_message(message: object) -> None:
@@ -73,10 +74,10 @@ def message_router(
             case LayoutReport():
                 mismatch = rendezvous.on_layout(message)
                 if mismatch is not None:
-                    events.put(mismatch)
+                    post(mismatch)
             case TaskDisconnected():
                 tasks.left(message.partition)
-                events.put(message)  # wakes the driver loop
+                post(message)  # wakes the driver loop
             case FeedAgreed():
                 on_fed(message)
             case UndeliveredTracking():
@@ -91,18 +92,18 @@ def message_router(
                 on_torch_store()
             case JobEnded():
                 on_job_end(message)
-                events.put(message)
+                post(message)
             case WorkerExited():
                 on_exit(message)
-                events.put(message)
+                post(message)
             case (WorkerStarted() | OutputLines() | WorkerResult() | WorkerError()
                   | BackendFinished() | FeedProgress() | FeedFailed() | EnvironmentMismatch()
                   | RankDisconnected() | CheckpointCommitted()):
-                events.put(message)
+                post(message)
             case _:
                 log.error("mlflow_hvd: the driver refuses a message it does not know: %s",
                           type(message).__qualname__)
-                events.put(UnknownMessage(type(message).__qualname__))
+                post(UnknownMessage(type(message).__qualname__))
 
     return on_message
 
@@ -167,7 +168,7 @@ def credentials_answer(
 
 
 def layout_answer(
-    tasks: TaskGate, rendezvous: Rendezvous, events: queue.Queue[LoopEvent]
+    tasks: TaskGate, rendezvous: Rendezvous, post: Post
 ) -> Callable[[LayoutReport], object]:
     """The answer to a Spark task's layout: :class:`Launch` once the task is counted and
     the rendezvous initialised (a mismatch goes to the driver loop), :class:`StartNoWorker`
@@ -180,7 +181,7 @@ def layout_answer(
             return StartNoWorker()
         mismatch = rendezvous.on_layout(report)
         if mismatch is not None:
-            events.put(mismatch)
+            post(mismatch)
         return Launch()
 
     return answer

@@ -203,6 +203,16 @@ def test_sharded_checkpoint_files_move_to_rank_0_and_back_a_chunk_at_a_time(
     assert first["received"] == second["received"] == first["written"]
 
 
+def test_a_hundred_sharded_transfers_leave_no_descriptor_or_thread_behind(
+        warm_ranks: Any) -> None:
+    """Each transfer's Gloo side group (an NCCL job's sharded checkpoints move over one) is
+    destroyed after it: a rank's open descriptors and threads stay flat over 100 (kept,
+    each left a full mesh of sockets and Gloo's threads for the job's life)."""
+    for counts in warm_ranks.run(workers.side_groups_leave_nothing, transfers=100):
+        assert counts["fds_after"] - counts["fds_before"] <= 2, counts
+        assert counts["threads_after"] - counts["threads_before"] <= 1, counts
+
+
 def test_the_store_serves_only_the_jobs_hosts(caplog: pytest.LogCaptureFixture) -> None:
     """A Spark job's store (bound on an address of this machine that is not loopback)
     forwards no connection before the layout is known, then only from the layout's hosts:

@@ -1800,3 +1800,36 @@ def speaks_another_version() -> None:
         assert context._client is not None
         context._client.send(NoCredentials())
     time.sleep(60)  # stopped by the driver long before
+
+
+def side_groups_leave_nothing(transfers: int = 100) -> list[dict[str, int]]:
+    """``transfers`` sharded-checkpoint transfers to rank 0, each through the Gloo side
+    group an NCCL job's transfers use (mlflow_hvd.torch.sharded._side_group), on a Gloo
+    job here: each rank's open descriptors and threads (the kernel's count: Gloo's are
+    native) after 3 warm-up transfers and after all of them."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    from mlflow_hvd.torch import sharded
+
+    def held() -> tuple[int, int]:
+        with open("/proc/self/status") as status:
+            threads = next(int(line.split()[1]) for line in status
+                           if line.startswith("Threads:"))
+        return len(os.listdir("/proc/self/fd")), threads
+
+    dist.init_process_group("gloo")
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        Path(directory, f"part_{dist.get_rank()}").write_bytes(os.urandom(1000))
+        for n in range(transfers):
+            if n == 3:
+                counts["fds_before"], counts["threads_before"] = held()
+            with sharded._side_group() as group:
+                sharded._to_rank0(directory, None, group)
+    counts["fds_after"], counts["threads_after"] = held()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, counts)
+    dist.destroy_process_group()
+    return everyone

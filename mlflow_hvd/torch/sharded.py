@@ -12,13 +12,15 @@ own part and one chunk; hosts need disk for the files (rank 0 for the whole chec
 until it is uploaded).
 
 The files move over the job's process group, through a Gloo group where the default one
-is NCCL's (CPU tensors). Every function here is a collective: every rank calls it.
+is NCCL's (CPU tensors), made for the transfer and destroyed after it. Every function here
+is a collective: every rank calls it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 CHUNK = 8 << 20  # bytes per message: the memory a transfer takes
@@ -53,9 +55,13 @@ def to_rank0(directory: str, upload: Callable[[str], None] | None) -> list[str]:
     """Every rank's files of ``directory`` to rank 0: there, ``upload(path)`` is called for
     each (rank 0's own first, then rank 1's, ...), and a file received from another rank is
     deleted once ``upload`` returns. Returns the names of all the files, in that order."""
+    with _cpu_group() as group:
+        return _to_rank0(directory, upload, group)
+
+
+def _to_rank0(directory: str, upload: Callable[[str], object] | None, group: Any) -> list[str]:
     import torch.distributed as dist
 
-    group = _cpu_group()
     rank = dist.get_rank()
     mine = [(name, os.path.getsize(os.path.join(directory, name)))
             for name in sorted(os.listdir(directory))]
@@ -85,10 +91,14 @@ def to_rank0(directory: str, upload: Callable[[str], None] | None) -> list[str]:
 def from_rank0(directory: str) -> None:
     """Rank 0's files of ``directory`` into the same directory name on every other rank
     (``directory`` may differ from rank to rank: each names its own)."""
+    with _cpu_group() as group:
+        _from_rank0(directory, group)
+
+
+def _from_rank0(directory: str, group: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    group = _cpu_group()
     rank = dist.get_rank()
     box: list[Any] = [None]
     if rank == 0:
@@ -137,12 +147,28 @@ def _receive(path: str, size: int, src: int, group: Any) -> None:
             f.write(buffer[:n].numpy().data)
 
 
-def _cpu_group() -> Any:
+@contextlib.contextmanager
+def _cpu_group() -> Iterator[Any]:
     """The group the files move over: the default process group where it is Gloo's, else
-    a new Gloo group of the same ranks (a collective; one per transfer, so that none
-    outlives the job's default group)."""
+    a side group of Gloo (:func:`_side_group`)."""
     import torch.distributed as dist
 
     if dist.get_backend() == "gloo":
-        return dist.group.WORLD
-    return dist.new_group(backend="gloo")
+        yield dist.group.WORLD
+    else:
+        with _side_group() as group:
+            yield group
+
+
+@contextlib.contextmanager
+def _side_group() -> Iterator[Any]:
+    """A Gloo group of the job's ranks for one transfer (a collective), destroyed after it:
+    a group left behind would keep a full mesh of sockets and Gloo's threads per rank for
+    the job's life, one more per checkpoint."""
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="gloo")
+    try:
+        yield group
+    finally:
+        dist.destroy_process_group(group)

@@ -126,3 +126,23 @@ def test_what_needs_tensorflow_or_horovod_names_the_command_where_either_is_miss
     # installed here: nothing refused
     compat.require_tensorflow("x")
     compat.require_horovod("x")
+
+
+def test_a_ranks_identity_is_read_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layout the agent started the rank with (HOROVOD_* and the host the driver names
+    it by); outside a worker, rank 0 of 1 on this host."""
+    import socket
+
+    from mlflow_hvd.rank import identity
+
+    for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_HOSTNAME",
+                 "MLFLOW_HVD_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    assert identity.current() == identity.RankIdentity(0, 1, 0, socket.gethostname(), False)
+    monkeypatch.setenv("HOROVOD_RANK", "3")
+    monkeypatch.setenv("HOROVOD_SIZE", "4")
+    monkeypatch.setenv("HOROVOD_LOCAL_RANK", "1")
+    monkeypatch.setenv("HOROVOD_HOSTNAME", "10.0.0.2")
+    assert identity.current() == identity.RankIdentity(3, 4, 1, "10.0.0.2", True)
+    monkeypatch.setenv("MLFLOW_HVD_HOST", "node-b")
+    assert identity.current().host == "node-b"

@@ -12,12 +12,18 @@ from contextlib import contextmanager
 
 from mlflow_hvd.agent.process import WorkerLaunch
 from mlflow_hvd.common import horovod_env, logs, scratch
-from mlflow_hvd.common.layout import Devices, rank_env, torch_env, worker_command, worker_env
+from mlflow_hvd.common.layout import (
+    HOST_VARIABLE,
+    Devices,
+    rank_env,
+    torch_env,
+    worker_command,
+    worker_env,
+)
 from mlflow_hvd.protocol.job import JobSpec
 from mlflow_hvd.protocol.messages import Bootstrap, RankSlot
 
 PAYLOAD_FILE = "payload.pkl"
-HOST_NAME_VAR = "MLFLOW_HVD_HOST"  # the rank's host as messages name it
 
 
 @contextmanager
@@ -65,7 +71,7 @@ def worker_launch(
     env = worker_env(os.environ, rank_vars, dict(job.horovod_env))
     # the timeline and autotune log go to the rank's scratch directory on this host
     env.update(horovod_env.rank_files(env, os.path.dirname(payload_path), slot.rank))
-    env[HOST_NAME_VAR] = host
+    env[HOST_VARIABLE] = host
     if devices is not None:
         env.update(devices.env())
     if job.log_level:

@@ -21,6 +21,9 @@ from mlflow_hvd.protocol.messages import RankSlot
 WORKER_MODULE = "mlflow_hvd.rank.worker"
 
 
+
+HOST_VARIABLE = "MLFLOW_HVD_HOST"  # a rank's host, as the driver's messages name it
+
 def assign_slots(task_hosts: Sequence[str]) -> tuple[RankSlot, ...]:
     """Compute the Horovod layout for tasks placed on ``task_hosts``.
 

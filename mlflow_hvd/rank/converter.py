@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 
 from mlflow_hvd.common import compat
 from mlflow_hvd.errors import ConfigurationError, DataInputError
+from mlflow_hvd.rank import identity
 from mlflow_hvd.rank.shard import Shard
 
 TRANSFORM_ROWS = 1024  # rows per pandas DataFrame a TransformSpec's function receives
@@ -168,8 +168,8 @@ def plan(shard: Shard, argument: str, batch_size: int | None, num_epochs: int | 
 def _check_shard(argument: str, cur_shard: Any, shard_count: Any, what: str) -> None:
     """A rank reads its own shard: ``cur_shard``/``shard_count`` must say so (or be left
     out in a one-rank job)."""
-    rank = int(os.environ.get("HOROVOD_RANK", "0"))
-    size = int(os.environ.get("HOROVOD_SIZE", "1"))
+    me = identity.current()
+    rank, size = me.rank, me.size
     if cur_shard is None and shard_count is None:
         if size > 1:
             raise ConfigurationError(
@@ -200,7 +200,7 @@ def first_chunk(p: Plan) -> dict[str, np.ndarray]:
     chunk = next(_one_pass(p, 0, shuffle=False), None)
     if chunk is None:
         raise DataInputError(f"{p.shard.argument} has no rows on rank "
-                             f"{os.environ.get('HOROVOD_RANK', '0')}")
+                             f"{identity.current().rank}")
     return chunk
 
 
@@ -231,7 +231,7 @@ def _transformed(p: Plan, chunk: dict[str, np.ndarray]) -> Iterator[dict[str, np
                 frame = spec.func(frame)
             except Exception as exc:
                 raise DataInputError(
-                    f"rank {os.environ.get('HOROVOD_RANK', '0')}: the TransformSpec's function "
+                    f"rank {identity.current().rank}: the TransformSpec's function "
                     f"raised on {p.shard.argument}'s rows: {type(exc).__name__}: {exc}"
                 ) from exc
             if not isinstance(frame, pd.DataFrame):

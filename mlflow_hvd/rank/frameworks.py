@@ -16,6 +16,7 @@ import sys
 
 from mlflow_hvd.common import compat
 from mlflow_hvd.errors import IncompatibleImportError
+from mlflow_hvd.rank import identity
 
 RENDEZVOUS_VARIABLE = "HOROVOD_GLOO_RENDEZVOUS_PORT"  # set by the agent when a server runs
 
@@ -62,7 +63,7 @@ def check_rendezvous(module: str) -> None:
     Raises:
         IncompatibleImportError: naming the driver's missing Horovod and how to build it.
     """
-    if os.environ.get("HOROVOD_RANK") is not None and not os.environ.get(RENDEZVOUS_VARIABLE):
+    if identity.current().in_worker and not os.environ.get(RENDEZVOUS_VARIABLE):
         raise IncompatibleImportError(
             f"{module} is imported in a rank, but the driver has no Horovod, so no Gloo "
             "rendezvous server runs for hvd.init(): Horovod must be installed where "

@@ -33,7 +33,7 @@ from mlflow_hvd.protocol.feed import (
     ShardFile,
     load_manifest,
 )
-from mlflow_hvd.rank import context
+from mlflow_hvd.rank import context, identity
 from mlflow_hvd.rank.passes import Pass, window_rows
 
 _DATASET_OPTIONS = ("label", "features", "shuffle", "seed", "window", "transform")
@@ -252,7 +252,7 @@ class Shard:
                                      f"{transform!r}")
         return ShardDataset(self._file, batch_size, names, label, steps, shuffle, seed,
                             window, self.next_epoch, transform,
-                            int(os.environ.get("HOROVOD_RANK", "0")))
+                            identity.current().rank)
 
     def torch_loader(self, batch_size: int, **options: Any) -> Any:
         """``DataLoader(torch_dataset(batch_size, ...), batch_size=None, ...)``: the

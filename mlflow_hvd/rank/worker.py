@@ -21,7 +21,6 @@ import gc
 import os
 import pickle
 import signal
-import socket
 import sys
 import threading
 import time
@@ -45,7 +44,15 @@ from mlflow_hvd.protocol.messages import (
     WorkerResult,
     WorkerStarted,
 )
-from mlflow_hvd.rank import context, credentials, frameworks, keras_guard, shard, torch_dist
+from mlflow_hvd.rank import (
+    context,
+    credentials,
+    frameworks,
+    identity,
+    keras_guard,
+    shard,
+    torch_dist,
+)
 from mlflow_hvd.rank.tracking import api as tracking_api
 from mlflow_hvd.rank.tracking import job_env, plugin
 
@@ -74,9 +81,8 @@ def main() -> int:
                      daemon=True).start()
 
     signal.signal(signal.SIGTERM, _on_sigterm)
-    rank = int(os.environ.get("HOROVOD_RANK", "0"))
-    host = (os.environ.get("MLFLOW_HVD_HOST") or os.environ.get("HOROVOD_HOSTNAME")
-            or socket.gethostname())
+    me = identity.current()
+    rank, host = me.rank, me.host
     client = ChannelClient(
         boot.driver_host, boot.driver_port, bytes.fromhex(boot.secret_hex), boot.channel_timeout
     )
@@ -133,8 +139,7 @@ def _run_job(client: ChannelClient, rank: int, host: str, job: NextJob,
                 applied = credentials.apply(
                     bytes.fromhex(boot.secret_hex), sealed,
                     os.path.join(os.path.dirname(boot.payload_path), "credentials"))
-        local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
-        tracking_api.configure(payload.tracking, rank, local_rank, host)
+        tracking_api.configure(payload.tracking, rank, identity.current().local_rank, host)
         saved = job_env.enter(payload.tracking, rank) if payload.tracking else None
         try:
             value = torch_dist.call_holding_locals(main_fn, **kwargs)

@@ -24,6 +24,7 @@ from mlflow_hvd.protocol.checkpoint_layout import (
     model_path,
     parse,
 )
+from mlflow_hvd.rank import identity
 from mlflow_hvd.rank.tracking import api as tracking_api
 
 __all__ = ["LATEST_TAG", "WORLD_SIZE", "CheckpointRef", "download", "latest", "lr_rescale",
@@ -100,7 +101,8 @@ def _commit(epoch: int, global_step: int, metrics: dict[str, float], log_metrics
         with open(metrics_path, "w") as f:
             # the job's size: a resume on another number of ranks (an elastic job) rescales
             # the learning rate the optimizer's state brings back (:func:`lr_rescale`)
-            size = int(os.environ.get("HOROVOD_SIZE") or 0)
+            me = identity.current()
+            size = me.size if me.in_worker else 0
             json.dump({**metrics, "epoch": epoch, "global_step": global_step,
                        **({WORLD_SIZE: size} if size else {})}, f)
         tracking_api.log_artifact(metrics_path, epoch_dir(epoch))

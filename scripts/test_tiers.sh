@@ -17,8 +17,8 @@
 #             done; reported after main
 #   new-end   pytest -m new_end in the new end's environment (Python 3.13, TF 2.21, PyTorch
 #             2.14's CUDA build, ...): its environment prepared from the start, in the
-#             background (scripts/end_tier.sh new), its tests beside the cluster tier's
-#             tail, once main is done; reported here
+#             background (scripts/end_tier.sh new), its tests once the main or the cluster
+#             tier is done, beside the other's tail; reported here
 #             (its preparation also builds, installs and tests Horovod's NCCL build on
 #             this GPU-less machine, then puts the CPU build back: tier new-end-gpu)
 #
@@ -294,6 +294,9 @@ if wants cluster; then
   background cluster
   CLUSTER_PID=$BG_PID
   echo "cluster: its tests run in the background after the old end's and the beside tier's (log: $LOGS/cluster.log)"
+  # the new end's tests go once the cluster tier or the main tier is done, whichever is
+  # first: beside the other's tail, whose ranks and servers leave cores idle
+  ( while running "$CLUSTER_PID"; do sleep 2; done; touch "$NEW_END_GO" ) &
 fi
 wants main && tier main pytest_tier main "$MAIN_EXPR"
 if [ -n "$BESIDE_PID" ]; then
@@ -306,7 +309,7 @@ if wants old-end; then
   tier old-end end_wait old
   SUMMARY+=("$END_NOTE")
 fi
-# the new end's tests beside the cluster tier's tail, once the main tier is done
+# the new end's tests, once the main tier is done (if the cluster tier was not done first)
 touch "$NEW_END_GO"
 if [ -n "$CLUSTER_PID" ]; then
   BACKGROUND_NOTE=""

@@ -171,6 +171,14 @@ def test_a_session_whose_python_lacks_mlflow_hvd_is_said_in_words(tmp_path: Any)
     assert f"Start the session with PYSPARK_PYTHON={sys.executable}" in line
 
 
+def _two_executors(spark: Any) -> bool:
+    """Ask the standalone master for two executors again (killing one lowered the
+    application's executor limit by one, so it was not replaced)."""
+    jvm = spark.sparkContext._jvm
+    return bool(spark.sparkContext._jsc.sc().requestTotalExecutors(
+        2, 0, jvm.PythonUtils.toScalaMap({})))
+
+
 def test_slots_back_during_the_last_epoch_finish_the_job_without_a_restart(
         spark: Any, store: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """np=2, min_np=1 with one of the two executors removed: the attempt runs on 1 rank. A
@@ -211,7 +219,7 @@ def test_slots_back_during_the_last_epoch_finish_the_job_without_a_restart(
         thread.start()
         wait_until(lambda: Path(gate + ".last").exists() or ended, 180, "the last epoch")
         assert Path(gate + ".last").read_text() == "1", ended
-        requested = context.requestExecutors(1)
+        requested = _two_executors(spark)
         assert requested
         wait_until(lambda: memory().size() >= 3, 60, "a new executor")
         seen = len(looks)
@@ -221,7 +229,7 @@ def test_slots_back_during_the_last_epoch_finish_the_job_without_a_restart(
         assert not thread.is_alive(), "run() did not return"
     finally:
         if not requested:
-            context.requestExecutors(1)
+            _two_executors(spark)
         wait_until(lambda: memory().size() >= 3, 60, "the session's two executors again")
     assert ended == [{"attempt": 0, "size": 1, "trained": [0, 1, 2]}]
     client = mlflow.MlflowClient()

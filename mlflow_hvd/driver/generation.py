@@ -129,8 +129,7 @@ class Generation:
                                      on_elastic=lambda: self._post(ElasticRefused()))
         self._route = message_router(
             self._post, self.rendezvous, self._undelivered, self.tasks, self._fed,
-            on_torch_store=self._serve_torch, on_job_end=self._job_ended,
-            on_exit=self._exited)
+            on_torch_store=self._serve_torch, on_job_end=self._job_ended)
         self._torch: TorchStore | None = None  # the current job's torch.distributed store
         answer = request_router(
             self._tracking, layout_answer(self.tasks, self.rendezvous, self._post),
@@ -168,6 +167,7 @@ class Generation:
                 case WorkerExited():
                     self._lost[event.rank] = (f"rank {event.rank} on {event.host} "
                                               f"(exit {event.exit_code})")
+                    self._say_ended(event)
                 case RankDisconnected() | WorkerError():
                     self._lost.setdefault(event.rank, f"rank {event.rank}")
                 case _:
@@ -298,9 +298,10 @@ class Generation:
         """A pooled rank's job ended: it waits, or is about to wait, for the next job."""
         self._idle.add(message.rank)
 
-    def _exited(self, message: WorkerExited) -> None:
+    def _say_ended(self, message: WorkerExited) -> None:
         """A log line when a rank whose job ended ends itself (the next ``hand_out`` then
-        refuses this generation); not once the generation retires its ranks."""
+        refuses this generation); not once the generation retires its ranks. Called under
+        ``_cond``."""
         if self.state is GenerationState.SERVING and (
                 message.rank in self._waiting or message.rank in self._idle):
             log.info("%s: rank %d on %s ended between jobs (exit %d); the next job "

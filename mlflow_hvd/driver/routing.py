@@ -57,17 +57,15 @@ def message_router(
     on_fed: Callable[[FeedAgreed], None] = lambda _: None,
     on_torch_store: Callable[[], None] = lambda: None,
     on_job_end: Callable[[JobEnded], None] = lambda _: None,
-    on_exit: Callable[[WorkerExited], None] = lambda _: None,
 ) -> Callable[[object], None]:
     """The one dispatch of what peers send and the channel and backends note (not requests:
     :func:`request_router`): a layout the local backend sinks to the rendezvous; a Spark
     task's departure to ``tasks``; how the job's DataFrames were split to ``on_fed``;
     undelivered tracking to the current job's handler (``on_undelivered()``); a rank's
     word that it imported torch.distributed to ``on_torch_store``; a pooled rank's job end
-    to ``on_job_end`` and a rank's exit to ``on_exit``. What the driver loop needs goes to
-    ``post`` (the current job's events); a kind of message this driver does not know goes
-    there as
-    :class:`UnknownMessage` (the job fails, naming it)."""
+    to ``on_job_end``. What the driver loop needs goes to ``post`` (the current job's
+    events, where the generation also notes a rank's end); a kind of message this driver
+    does not know goes there as :class:`UnknownMessage` (the job fails, naming it)."""
 
     def on_message(message: object) -> None:
         match message:
@@ -93,10 +91,7 @@ def message_router(
             case JobEnded():
                 on_job_end(message)
                 post(message)
-            case WorkerExited():
-                on_exit(message)
-                post(message)
-            case (WorkerStarted() | OutputLines() | WorkerResult() | WorkerError()
+            case (WorkerExited() | WorkerStarted() | OutputLines() | WorkerResult() | WorkerError()
                   | BackendFinished() | FeedProgress() | FeedFailed() | EnvironmentMismatch()
                   | RankDisconnected() | CheckpointCommitted()):
                 post(message)

@@ -161,12 +161,14 @@ class TorchStore:
                                  name="mlflow-hvd-store-link", daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        """Copy ``src`` to ``dst`` until either ends; then end both."""
+        """Copy ``src`` to ``dst`` until either ends; then end both. No deadline of its
+        own: a link lasts as long as the rank's connection to the store, and :meth:`close`
+        (the job's end) shuts every link down."""
         try:
             while data := src.recv(CHUNK):
                 dst.sendall(data)
-        except OSError:
-            pass
+        except OSError as exc:  # a side went away (a rank ended, or the job closed the link)
+            log.debug("torch.distributed store: a link ended: %s", exc)
         finally:
             for sock in (src, dst):
                 with contextlib.suppress(OSError):

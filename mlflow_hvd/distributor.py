@@ -95,13 +95,22 @@ class TorchDistributor:
                     "its path on this machine")
             with open(path, encoding="utf-8") as f:
                 source = f.read()
-            return self._runner.run(Call(path, tuple(map(str, args)), self.use_gpu, source))
+            return self._runner.run_with(self._hooks(), Call(path, tuple(map(str, args)),
+                                                             source))
         if not callable(train_object):
             raise ConfigurationError(
                 f"TorchDistributor.run(train_object): a function or the path of a script, "
                 f"got {type(train_object).__name__}")
         _check_arguments(train_object, args, kwargs)
-        return self._runner.run(Call(train_object, args, self.use_gpu), **kwargs)
+        return self._runner.run_with(self._hooks(), Call(train_object, args), **kwargs)
+
+    def _hooks(self) -> Any:
+        """What every process has while a job runs: with ``use_gpu=False`` no GPU
+        (``CUDA_VISIBLE_DEVICES=""``, as pyspark's TorchDistributor sets it), before the
+        job's code is unpickled and restored after it."""
+        from mlflow_hvd.runner import RunHooks
+
+        return RunHooks(rank_env=() if self.use_gpu else (("CUDA_VISIBLE_DEVICES", ""),))
 
 
 def _check_arguments(fn: Callable[..., Any], args: tuple[Any, ...],

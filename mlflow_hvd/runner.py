@@ -338,7 +338,8 @@ class HorovodRunner:
                    description=description, job_id=job_id, on_tracking_write=writes,
                    on_undelivered=self._undelivered_handler(
                        grow.restart if grow is not None else None),
-                   feed=feed, on_fed=on_fed, grow=grow)
+                   feed=feed, on_fed=on_fed, grow=grow, attempt=attempt,
+                   max_restarts=self.job.max_failures, rank_env=hooks.rank_env)
 
     def __enter__(self) -> HorovodRunner:
         """Keep the ranks warm between ``run`` calls until the ``with`` block ends.
@@ -489,11 +490,14 @@ class RunHooks:
         log_prefix: Put before every rank line shown on the driver, e.g. ``"[trial 3]"``.
         dataset_runs: Further MLflow runs that record the job's DataFrames as inputs (the
             sweep's parent run).
+        rank_env: Variables every rank has while the job runs, restored after it
+            (``TorchDistributor(use_gpu=False)``: ``(("CUDA_VISIBLE_DEVICES", ""),)``).
     """
 
     epoch_judge: EpochJudge | None = None
     log_prefix: str = ""
     dataset_runs: tuple[str, ...] = ()
+    rank_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

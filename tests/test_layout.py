@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from mlflow_hvd.common.layout import (
+    TORCH_VARS,
     assign_slots,
+    job_vars,
     rank_env,
     torch_env,
     worker_command,
@@ -127,23 +129,37 @@ def test_worker_command_carries_no_secret() -> None:
 def test_torch_env_is_torchruns_contract_with_horovods_ranks_and_hosts_as_nodes() -> None:
     slots = assign_slots(["a", "a", "a", "b"])  # host a: ranks 0-2; b: rank 3
     by_rank = {s.rank: s for s in slots}
-    env = torch_env(by_rank[3], slots, "10.0.0.5", 41235, "eth0", "job-1", {})
+    env = torch_env(by_rank[3], slots, "10.0.0.5", "eth0", {})
     assert env == {
         "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
         "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",  # torchrun's node rank: b is the 2nd
         "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4", "ROLE_NAME": "default",
-        "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "41235",
-        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "job-1",
+        "MASTER_ADDR": "10.0.0.5", "TORCHELASTIC_USE_AGENT_STORE": "True",
         "GLOO_SOCKET_IFNAME": "eth0",
     }
-    first = torch_env(by_rank[2], slots, "10.0.0.5", 41235, "eth0", "job-1", {})
+    first = torch_env(by_rank[2], slots, "10.0.0.5", "eth0", {})
     assert (first["GROUP_RANK"], first["LOCAL_RANK"], first["LOCAL_WORLD_SIZE"]) == (
         "0", "2", "3")
     # a driver without torch offers no store: no address, and torch says so at once
-    storeless = torch_env(by_rank[0], slots, "10.0.0.5", 0, "eth0", "job-1",
+    storeless = torch_env(by_rank[0], slots, "", "eth0",
                           {"GLOO_SOCKET_IFNAME": "ib0"})  # the host's own interface kept
     assert not {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
                 "GLOO_SOCKET_IFNAME"} & set(storeless)
+
+
+def test_a_jobs_variables_are_torchruns_per_run_ones_and_nothing_a_rank_keeps() -> None:
+    """What changes from job to job is built once, as data: torchrun's run id, the store's
+    port and the attempt, then what the job's face adds; the start-time variables never
+    carry them, so a warm rank's next job cannot see the last job's."""
+    assert dict(job_vars("job-1", 41235, 2, 3, (("CUDA_VISIBLE_DEVICES", ""),))) == {
+        "TORCHELASTIC_RUN_ID": "job-1", "MASTER_PORT": "41235",
+        "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "3",
+        "CUDA_VISIBLE_DEVICES": ""}
+    assert "MASTER_PORT" not in dict(job_vars("job-1", 0, 0, 0))  # no store, no port
+    slots = assign_slots(["a", "b"])
+    per_job = {name for name, _ in job_vars("job-1", 41235, 2, 3)}
+    assert not per_job & set(torch_env(slots[1], slots, "10.0.0.5", "eth0", {}))
+    assert per_job <= TORCH_VARS  # a driver's own torchrun values never reach a rank
 
 
 def test_worker_env_drops_a_torchrun_of_the_drivers_own() -> None:

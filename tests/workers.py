@@ -1833,3 +1833,21 @@ def side_groups_leave_nothing(transfers: int = 100) -> list[dict[str, int]]:
     dist.all_gather_object(everyone, counts)
     dist.destroy_process_group()
     return everyone
+
+
+class SeesAtUnpickling:
+    """A kwarg that records, when a rank unpickles it, the variables ``names`` have then."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names, self.seen = names, {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.seen = {name: os.environ.get(name) for name in self.names}
+
+
+def job_variables(probe: SeesAtUnpickling) -> dict[str, Any]:
+    """What this rank's variables ``probe.names`` were when the job's code was unpickled and
+    are while it runs."""
+    return {"unpickled": probe.seen,
+            "running": {name: os.environ.get(name) for name in probe.names}}

@@ -66,7 +66,7 @@ def worker_launch(
     slot = slots[index]
     host = host_name or slot.hostname
     rank_vars = rank_env(slot, driver_host, job.rendezvous_port, iface)
-    rank_vars.update(torch_env(slot, slots, driver_host, job.torch_port, iface, job.job_id,
+    rank_vars.update(torch_env(slot, slots, driver_host if job.torch_store else "", iface,
                                os.environ))
     env = worker_env(os.environ, rank_vars, dict(job.horovod_env))
     # the timeline and autotune log go to the rank's scratch directory on this host
@@ -91,6 +91,7 @@ def worker_launch(
             pooled=job.pooled,
             idle_timeout=job.idle_timeout,
             shards=shards,
+            job_vars=dict(job.job_vars),
         ),
         cwd=cwd,
         max_line_bytes=job.max_line_bytes,

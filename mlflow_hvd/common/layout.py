@@ -129,19 +129,20 @@ TORCH_VARS = frozenset({
 ROLE = "default"  # torchrun's role name when none is given
 
 
-def torch_env(slot: RankSlot, slots: Sequence[RankSlot], master_addr: str, master_port: int,
-              iface: str, run_id: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables ``torchrun`` gives a worker, for the rank of ``slot`` among ``slots``
-    (every rank of the job), consistent with Horovod's: ``RANK`` is ``hvd.rank()``,
-    ``LOCAL_RANK`` ``hvd.local_rank()``; ``GROUP_RANK`` is the index of the rank's host (hosts
-    ordered by their first rank, as torchrun's node ranks are) and ``GROUP_WORLD_SIZE`` the
-    number of hosts. ``MASTER_ADDR``/``MASTER_PORT`` are the job's store on the driver
-    (``master_port`` 0: none, and neither is set) which every rank joins as a client
-    (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun). torch's Gloo uses ``iface``, the
-    interface Horovod's Gloo uses (``GLOO_SOCKET_IFNAME``), unless ``environ`` (the host's)
-    names one; NCCL's is Horovod's (``NCCL_SOCKET_IFNAME``, :func:`rank_env`).
-    ``TORCHELASTIC_RESTART_COUNT`` and ``TORCHELASTIC_MAX_RESTARTS`` come with each job
-    (:func:`mlflow_hvd.rank.torch_dist.job_env`)."""
+def torch_env(slot: RankSlot, slots: Sequence[RankSlot], store_addr: str, iface: str,
+              environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables ``torchrun`` gives a worker that stay the same from job to job, for the
+    rank of ``slot`` among ``slots`` (every rank of the job), consistent with Horovod's:
+    ``RANK`` is ``hvd.rank()``, ``LOCAL_RANK`` ``hvd.local_rank()``; ``GROUP_RANK`` is the
+    index of the rank's host (hosts ordered by their first rank, as torchrun's node ranks
+    are) and ``GROUP_WORLD_SIZE`` the number of hosts. ``MASTER_ADDR`` is ``store_addr``, the
+    driver's address as this host reaches it, where every job's store listens and every
+    rank joins it as a client (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun); ""
+    when the driver offers no store (it has no torch), and neither is set. torch's Gloo
+    uses ``iface``, the interface Horovod's Gloo uses (``GLOO_SOCKET_IFNAME``), unless
+    ``environ`` (the host's) names one; NCCL's is Horovod's (``NCCL_SOCKET_IFNAME``,
+    :func:`rank_env`). What changes from job to job comes with each job
+    (:func:`job_vars`)."""
     hosts: list[str] = []
     for other in sorted(slots, key=lambda s: s.rank):
         if other.hostname not in hosts:
@@ -151,14 +152,32 @@ def torch_env(slot: RankSlot, slots: Sequence[RankSlot], master_addr: str, maste
         "LOCAL_RANK": str(slot.local_rank), "LOCAL_WORLD_SIZE": str(slot.local_size),
         "GROUP_RANK": str(hosts.index(slot.hostname)), "GROUP_WORLD_SIZE": str(len(hosts)),
         "ROLE_RANK": str(slot.rank), "ROLE_WORLD_SIZE": str(slot.size), "ROLE_NAME": ROLE,
-        "TORCHELASTIC_RUN_ID": run_id,
     }
-    if master_port:
-        env.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-                    "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    if store_addr:
+        env.update({"MASTER_ADDR": store_addr, "TORCHELASTIC_USE_AGENT_STORE": "True"})
     if not environ.get("GLOO_SOCKET_IFNAME"):
         env["GLOO_SOCKET_IFNAME"] = iface
     return env
+
+
+JobVars = tuple[tuple[str, str], ...]  # a job's variables, as data: (name, value) pairs
+
+
+def job_vars(run_id: str, master_port: int, attempt: int, max_restarts: int,
+             extra: JobVars = ()) -> JobVars:
+    """The one builder of the variables a rank has for one job (the driver builds them and
+    sends them with the job; the rank sets them before the job's code and restores its own
+    after): torchrun's that change from job to job - the run id (``TORCHELASTIC_RUN_ID``),
+    the job's store's port (``MASTER_PORT``; 0: no store, not set), the attempt
+    (``TORCHELASTIC_RESTART_COUNT``) and the restarts allowed
+    (``TORCHELASTIC_MAX_RESTARTS``) - then ``extra``, what the job's face asks of every rank
+    (``TorchDistributor(use_gpu=False)``: ``CUDA_VISIBLE_DEVICES=""``)."""
+    env = {"TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": str(attempt),
+           "TORCHELASTIC_MAX_RESTARTS": str(max_restarts)}
+    if master_port:
+        env["MASTER_PORT"] = str(master_port)
+    env.update(dict(extra))
+    return tuple(sorted(env.items()))
 
 
 def worker_env(

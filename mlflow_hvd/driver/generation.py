@@ -19,6 +19,7 @@ import threading
 from mlflow_hvd.backends.base import Backend, JobSpec
 from mlflow_hvd.common import logs
 from mlflow_hvd.common.deadline import Deadline
+from mlflow_hvd.common.layout import job_vars
 from mlflow_hvd.common.network import listen_address
 from mlflow_hvd.driver.channel_server import ChannelServer, ChannelStats
 from mlflow_hvd.driver.events import LoopEvent, TorchStoreFailed
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 def job_spec(job: Job, np: int, secret: bytes, driver_host: str, channel_port: int,
              rendezvous_port: int, warm: bool, torch_port: int = 0) -> JobSpec:
     """What a generation's ranks are started with, from its first job's settings (the one
-    place a :class:`JobSpec` is built)."""
+    place a :class:`JobSpec` is built); ``torch_port``: the first job's store's (0: none)."""
     settings = job.settings
     return JobSpec(
         np=np,
@@ -80,8 +81,15 @@ def job_spec(job: Job, np: int, secret: bytes, driver_host: str, channel_port: i
         horovod_env=settings.horovod_env,
         gpu_resource=settings.gpu_resource,
         feed=job.feed.spec if job.feed is not None else None,
-        torch_port=torch_port,
+        job_vars=vars_for(job, torch_port),
     )
+
+
+def vars_for(job: Job, torch_port: int) -> tuple[tuple[str, str], ...]:
+    """The variables every rank has while ``job`` runs, its store on ``torch_port`` (0:
+    none), sent with the job (the first in :class:`JobSpec`, a warm rank's next in
+    :class:`NextJob`)."""
+    return job_vars(job.job_id, torch_port, job.attempt, job.max_restarts, job.rank_env)
 
 
 class GenerationState(enum.Enum):
@@ -119,6 +127,7 @@ class Generation:
         self.state = GenerationState.SERVING
         self._cond = threading.Condition()
         self._job: Job | None = None
+        self._next_vars: tuple[tuple[str, str], ...] = ()  # the handed job's (vars_for)
         self._waiting: set[int] = set()  # ranks whose AwaitJob is open
         self._idle: set[int] = set()  # ranks whose job ended since the last hand-out
         self._handed = 0  # jobs handed out after the first: a waiting rank's ticket
@@ -239,7 +248,8 @@ class Generation:
             self._events = queue.Queue()  # what came between jobs belongs to no job
             self._idle.clear()
             self.rendezvous.reset()  # a fresh round for Horovod's next init
-            self._new_torch_store()  # and a fresh store for torch.distributed's
+            # and a fresh store for torch.distributed's
+            self._next_vars = vars_for(job, self._new_torch_store())
             self._job = job
             self._handed += 1
             self._cond.notify_all()
@@ -263,8 +273,7 @@ class Generation:
                 self._cond.wait(idle.slice(IDLE_POLL))
             self._waiting.discard(request.rank)
             if self._handed != handed and self._job is not None:
-                return NextJob(self._job.payload, self._job.job_id,
-                               self._torch.port if self._torch is not None else 0)
+                return NextJob(self._job.payload, self._next_vars)
             return Retire()
 
     def _expire(self, rank: int, idle: Deadline) -> None:

@@ -44,6 +44,11 @@ class Job:
             generation's ranks when it starts; None: the job has none.
         on_fed: Told how the DataFrames were split over the ranks (records them in the
             job's run), once the generation's tasks agreed.
+        attempt: 0 for the job's first run, k for its k-th restart
+            (``TORCHELASTIC_RESTART_COUNT``).
+        max_restarts: Restarts the job may have (``TORCHELASTIC_MAX_RESTARTS``).
+        rank_env: Variables every rank has while the job runs beside torchrun's
+            (:func:`mlflow_hvd.common.layout.job_vars`).
         grow: The controller of an elastic attempt below ``np`` (its looks for the missing
             slots run while the job runs; the driver loop asks it at each checkpoint whether
             the job ends there to grow back, :mod:`mlflow_hvd.driver.elastic`); None
@@ -60,6 +65,9 @@ class Job:
     feed: Feed | None = None
     on_fed: Callable[[FeedAgreed], None] | None = None
     grow: GrowBack | None = None
+    attempt: int = 0
+    max_restarts: int = 0
+    rank_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def feed_key(self) -> tuple[tuple[str, int], ...]:

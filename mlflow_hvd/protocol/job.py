@@ -38,8 +38,10 @@ class JobSpec:
         environment: What the environment shipped to the executors (``spark.archives``)
             needs on each host; every task checks before its rank starts (None: executors
             run an environment of their own, unchecked).
-        torch_port: The driver's port of the first job's ``torch.distributed`` store
-            (``MASTER_PORT``; 0: the driver offers none).
+        job_vars: The variables every rank has for the first job (``MASTER_PORT`` of its
+            ``torch.distributed`` store among them, where the driver offers one), as
+            :func:`mlflow_hvd.common.layout.job_vars` builds them; a warm rank's later jobs
+            bring their own.
     """
 
     np: int
@@ -62,4 +64,9 @@ class JobSpec:
     gpu_resource: str  # the Spark resource whose addresses become CUDA_VISIBLE_DEVICES
     feed: FeedSpec | None = None
     environment: EnvironmentFingerprint | None = None
-    torch_port: int = 0
+    job_vars: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def torch_store(self) -> bool:
+        """The driver offers the job a ``torch.distributed`` store (it has torch)."""
+        return any(name == "MASTER_PORT" for name, _ in self.job_vars)

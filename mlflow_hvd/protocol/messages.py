@@ -37,6 +37,7 @@ class Bootstrap:
     pooled: bool  # after a job, ask the driver for the next one (a warm pool)
     idle_timeout: float  # seconds a pooled rank waits for the next job
     shards: str = ""  # the rank's manifest of DataFrame shards (protocol/feed.py), if any
+    job_vars: dict[str, str] = field(default_factory=dict)  # the first job's (NextJob.env)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -283,12 +284,12 @@ class AwaitJob(Request, FromRank):
 
 @dataclass(frozen=True)
 class NextJob:
-    """Driver -> pooled worker: run this pickled :class:`Payload` next, job ``job_id``, whose
-    ``torch.distributed`` store listens on ``torch_port`` of the driver (0: none)."""
+    """Driver -> pooled worker: run this pickled :class:`Payload` next, with ``env`` set
+    while it runs (:func:`mlflow_hvd.common.layout.job_vars`: its torchrun variables, its
+    store's port among them)."""
 
     payload: bytes = field(repr=False)
-    job_id: str = ""
-    torch_port: int = 0
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,23 @@
 """Rank side: ``torch.distributed`` code as users write it under ``torchrun``, in a rank.
 
-The agent starts each worker with torchrun's variables (:func:`mlflow_hvd.common.layout
-.torch_env`: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` of the
-job's store on the driver, ...). Here, per job: the variables that change from one job to
-the next (the attempt; a warm rank's next job id and store port), the driver told to start
-the store once torch.distributed is imported (:mod:`mlflow_hvd.driver.torch_store`: a
-driver that never hears it never imports torch), and after a warm rank's job the default
-process group destroyed, so that the next job's ``init_process_group`` can run.
+The agent starts each worker with torchrun's variables that stay the same from job to job
+(:func:`mlflow_hvd.common.layout.torch_env`: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR`` of the driver, ...). Here, per job: the variables the driver sent with the
+job set before its code is unpickled and restored after it (:func:`mlflow_hvd.common.layout
+.job_vars`: the run id, the store's port, the attempt), the driver told to start the store
+once torch.distributed is imported (:mod:`mlflow_hvd.driver.torch_store`: a driver that
+never hears it never imports torch), and after a warm rank's job the default process group
+destroyed, so that the next job's ``init_process_group`` can run.
 """
-
 from __future__ import annotations
 
+import gc
 import importlib.abc
 import importlib.machinery
 import linecache
 import logging
 import os
 import sys
-import time
 import types
 from collections.abc import Callable, Sequence
 
@@ -26,20 +26,6 @@ from mlflow_hvd.rank.after_import import spec_then
 log = logging.getLogger(__name__)
 
 MODULE = "torch.distributed"  # imported by `import torch` itself
-
-
-def job_env(attempt: int, max_restarts: int, run_id: str = "",
-            master_port: int = 0) -> dict[str, str]:
-    """What changes from one job to the next in a rank's torch.distributed variables: the
-    attempt (``TORCHELASTIC_RESTART_COUNT``), the restarts allowed, and for a warm rank's
-    next job its id and its store's port (empty/0: unchanged)."""
-    env = {"TORCHELASTIC_RESTART_COUNT": str(attempt),
-           "TORCHELASTIC_MAX_RESTARTS": str(max_restarts)}
-    if run_id:
-        env["TORCHELASTIC_RUN_ID"] = run_id
-    if master_port:
-        env["MASTER_PORT"] = str(master_port)
-    return env
 
 
 class _Notify(importlib.abc.MetaPathFinder):
@@ -69,29 +55,42 @@ class TorchJobs:
     def __init__(self, notify: Callable[[], None]) -> None:
         self._notify = notify
         self._told = False  # the driver heard from us during this job
+        self._saved: dict[str, str | None] = {}  # what the job's variables replaced
 
     def install(self) -> None:
         """Hear of torch.distributed's import from now on (before any user code runs)."""
         if not any(isinstance(f, _Notify) for f in sys.meta_path):
             sys.meta_path.insert(0, _Notify(self._wanted))
 
-    def start_job(self, attempt: int, max_restarts: int, job_id: str = "",
-                  port: int = 0) -> None:
-        """Before a job's ``main``: its variables (``job_id``/``port``: a warm rank's next
-        job's; empty/0 for the first job, whose the agent set), and the driver told at once
-        if torch.distributed is already imported (a warm rank's earlier job imported it)."""
-        os.environ.update(job_env(attempt, max_restarts, job_id, port))
+    def start_job(self, env: Sequence[tuple[str, str]]) -> None:
+        """Before a job's code is unpickled: its variables set (``env``, as the driver built
+        them: :func:`mlflow_hvd.common.layout.job_vars`), what they replace kept for
+        :meth:`end_job`, and the driver told at once if torch.distributed is already
+        imported (a warm rank's earlier job imported it)."""
+        self._restore()  # a job that never reached end_job (it failed) leaves nothing
+        self._saved = {name: os.environ.get(name) for name, _ in env}
+        os.environ.update(env)
         self._told = False
         if MODULE in sys.modules:
             self._wanted()
 
     def end_job(self) -> None:
         """After a warm rank's job: destroy the default process group the job left (a
-        second ``init_process_group`` in this process would fail), and forget the store."""
+        second ``init_process_group`` in this process would fail), then give back the
+        variables the job's replaced."""
         dist = sys.modules.get(MODULE)
         if dist is not None and dist.is_available() and dist.is_initialized():
             log.info("destroying the process group the job left")
             dist.destroy_process_group()
+        self._restore()
+
+    def _restore(self) -> None:
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved = {}
 
     def _wanted(self) -> None:
         if self._told or not os.environ.get("MASTER_PORT"):
@@ -104,13 +103,12 @@ class Call:
     """What each rank of a :class:`~mlflow_hvd.distributor.TorchDistributor` job runs:
     ``target(*args, **kwargs)`` for a function; for a script (a path, ``source`` its text
     read on the driver: the executors need no copy) the script as ``__main__`` with
-    ``sys.argv = [path, *args]``, as ``torchrun script.py args`` runs it. With
-    ``use_gpu=False`` the rank sees no GPU (``CUDA_VISIBLE_DEVICES=""``, as TorchDistributor
-    sets it). Returns the function's value (None for a script)."""
+    ``sys.argv = [path, *args]``, as ``torchrun script.py args`` runs it. Returns the
+    function's value (None for a script)."""
 
     def __init__(self, target: Callable[..., object] | str, args: tuple[object, ...],
-                 use_gpu: bool, source: str = "") -> None:
-        self.target, self.args, self.use_gpu, self.source = target, args, use_gpu, source
+                 source: str = "") -> None:
+        self.target, self.args, self.source = target, args, source
 
     def __repr__(self) -> str:
         target = self.target
@@ -118,8 +116,6 @@ class Call:
                                                                repr(target))
 
     def __call__(self, **kwargs: object) -> object:
-        if not self.use_gpu:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""
         if not isinstance(self.target, str):  # its locals outlive it (call_holding_locals)
             return call_holding_locals(self.target, *self.args, **kwargs)
         path = self.target
@@ -143,22 +139,22 @@ class Call:
 
 # Frames of training functions kept past their return (see call_holding_locals)
 _held: list[types.FrameType] = []
-SETTLE = 0.05  # seconds without the GIL for Gloo's threads to finish with their last work
 
 
 def call_holding_locals(fn: Callable[..., object], *args: object, **kwargs: object) -> object:
     """``fn(*args, **kwargs)``, its frame (and so its locals) kept alive after it returns,
     until :func:`release_locals`.
 
-    Why: a DistributedDataParallel model dropped with the function's locals takes the last
-    reference to its Gloo process group, whose destructor joins Gloo's threads while holding
-    the GIL (pytorch#56297) - and a Gloo thread that has just finished the function's last
-    collective needs the GIL to free that work's tensors: a deadlock, seen on one job in
-    three that ends with a collective and ``destroy_process_group()``. Under torchrun the
-    process exits there; a rank reports first, and a warm rank then frees the frame before
-    its next job (:func:`release_locals`); a rank that ends exits with ``os._exit``, which
-    frees nothing. The profile hook sees only the call of ``fn`` (it removes itself
-    there)."""
+    Why: a DistributedDataParallel model dropped with the function's locals may take the
+    last reference to its Gloo process group through its C++ reducer, whose destructor
+    joins Gloo's threads while holding the GIL (pytorch#56297) - and a Gloo thread that has
+    just finished the function's last collective needs the GIL to free that work's
+    tensors: a deadlock, seen on one job in three that ends with a collective and
+    ``destroy_process_group()``. Under torchrun the process exits there; here a rank
+    reports first, and a warm rank then frees the frame before its next job, in an order
+    that cannot deadlock (:func:`release_locals`); a rank that ends exits with
+    ``os._exit``, which frees nothing. The profile hook sees only the call of ``fn`` (it
+    removes itself there)."""
     def hook(frame: types.FrameType, event: str, arg: object) -> None:
         del arg
         if event == "call":
@@ -173,13 +169,31 @@ def call_holding_locals(fn: Callable[..., object], *args: object, **kwargs: obje
 
 
 def release_locals() -> None:
-    """Drop the frames :func:`call_holding_locals` kept, after letting Gloo's threads run
-    without the GIL for :data:`SETTLE` seconds when torch.distributed is in use."""
+    """Drop the frames :func:`call_holding_locals` kept, each DDP model's process group
+    outliving its reducer.
+
+    A DDP model holds its group twice: as ``process_group`` (a Python object, whose last
+    reference torch drops without the GIL, pytorch#154976) and inside its C++ reducer
+    (dropped with the GIL held, pytorch#56297). Dropped with the frame, the reducer may go
+    last and join Gloo's threads holding the GIL: here each group is held from Python
+    while the frames go, then let go, so the group's destructor runs where Gloo's threads
+    can take the GIL."""
     if not _held:
         return
-    if MODULE in sys.modules:
-        time.sleep(SETTLE)  # releases the GIL: a Gloo thread frees its finished work
-    _held.clear()
+    groups = _ddp_groups()
+    _held.clear()  # the reducers go; their groups stay (``groups``)
+    groups.clear()  # now the groups: without the GIL
+
+
+def _ddp_groups() -> list[object]:
+    """The process group of every DistributedDataParallel model alive (none unless torch's
+    DDP was imported)."""
+    ddp = sys.modules.get("torch.nn.parallel.distributed")
+    if ddp is None:
+        return []
+    kind = ddp.DistributedDataParallel
+    return [obj.process_group for obj in gc.get_objects()
+            if isinstance(obj, kind) and getattr(obj, "process_group", None) is not None]
 
 
 # torch's words (2.13's CPU build: RuntimeError; 2.14's CUDA build on a host without a GPU:

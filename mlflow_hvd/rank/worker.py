@@ -97,16 +97,16 @@ def main() -> int:
     plugin.ensure_registered(os.path.dirname(boot.payload_path))
     with open(boot.payload_path, "rb") as f:
         payload_bytes = f.read()
-    next_job = NextJob(payload_bytes)  # the first: its id and store came with the env
+    next_job = NextJob(payload_bytes, tuple(boot.job_vars.items()))  # the first
     while True:
         client.send(WorkerStarted(rank, host))
         code = _run_job(client, rank, host, next_job, boot, torch_jobs)
         if code != 0 or not boot.pooled:
             return code  # the process ends with os._exit: the job's frame is never freed
-        # after the job's outcome is reported: DDP's process group freed where it cannot
-        # deadlock, off the job's own time
-        torch_dist.release_locals()
+        # after the job's outcome is reported, off the job's own time: the process group
+        # the job left destroyed, then its frame (DDP's models after their groups' keepers)
         torch_jobs.end_job()
+        torch_dist.release_locals()
         _end_pooled_job()
         try:
             # the driver answers within its idle limit (NextJob or Retire)
@@ -123,9 +123,8 @@ def _run_job(client: ChannelClient, rank: int, host: str, job: NextJob,
     """Run one job's ``main`` and report its outcome; returns the exit code it earns."""
     applied: credentials.Applied | None = None
     try:
+        torch_jobs.start_job(job.env)  # before the job's code is unpickled
         payload: Payload = pickle.loads(job.payload)
-        torch_jobs.start_job(payload.attempt, payload.max_restarts, job.job_id,
-                             job.torch_port)
         main_fn, kwargs = cloudpickle.loads(payload.code.pickled)
         context.install(client, rank, payload.attempt)
         code_sources.restore([main_fn, kwargs], payload.code.code_files, payload.code.code_texts)

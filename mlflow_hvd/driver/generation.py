@@ -159,6 +159,25 @@ class Generation:
         self.feed_key: tuple[tuple[str, int], ...] = ()  # the DataFrames its ranks were fed
         self.split: FeedAgreed | None = None  # how they were split over the ranks
 
+    # --- what it is doing, for callers that wait on it -------------------------------------
+    @property
+    def jobs(self) -> int:
+        """How many jobs were given to the ranks (the first at launch, then each hand-out)."""
+        with self._cond:
+            return self._handed + (self._job is not None)
+
+    @property
+    def waiting(self) -> frozenset[int]:
+        """The ranks that asked for the next job and wait for it."""
+        with self._cond:
+            return frozenset(self._waiting)
+
+    @property
+    def lost(self) -> dict[int, str]:
+        """The ranks whose process ended between jobs, each with what ended it (a copy)."""
+        with self._cond:
+            return dict(self._lost)
+
     # --- the current job's events ---------------------------------------------------------
     @property
     def events(self) -> queue.Queue[LoopEvent]:

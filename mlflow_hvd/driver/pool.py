@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TextIO
 
 from mlflow_hvd.backends.base import Backend
@@ -65,6 +66,25 @@ def start_failure(error: MlflowHvdError) -> FailureKind:
             return FailureKind.MISMATCH
 
 
+@dataclass(frozen=True)
+class Placement:
+    """How one job found its ranks, and how it ended (:attr:`RankPool.history`).
+
+    Attributes:
+        job_id: The job.
+        generation: The number of the generation that ran it.
+        handed: The generation's ranks were warm and took it (False: started for it).
+        refused: Why the warm generation before could not take it ("": none refused).
+        failure: How the job failed (None: it succeeded or grew back).
+    """
+
+    job_id: str
+    generation: int
+    handed: bool
+    refused: str = ""
+    failure: FailureKind | None = None
+
+
 def died_before_starting(record: JobRecord) -> bool:
     """The job failed only because ranks died before starting it (after asking for it),
     e.g. killed while idle: no rank raised, and every rank that failed never started."""
@@ -90,6 +110,14 @@ class RankPool:
         self.stop = stop or threading.Event()
         self._live: Generation | None = None
         self.generations = 0  # how many sets of ranks were started (1 + replacements)
+        self.history: list[Placement] = []  # each job's placement, once it ended
+        self._refused = ""  # why the live generation could not take the job being placed
+
+    @property
+    def live(self) -> Generation | None:
+        """The generation whose ranks run the current job or wait for the next (None:
+        none)."""
+        return self._live
 
     def run(self, job: Job, out: TextIO) -> AttemptEnd:
         """Run ``job`` on the pool's ranks (starting them if needed): rank 0's cloudpickled
@@ -106,7 +134,9 @@ class RankPool:
         Raises:
             JobStopped: The pool's ``stop`` was set (as on Ctrl-C).
         """
-        succeeded = False
+        self._refused = ""
+        ended: AttemptEnd | None = None
+        handed = False
         try:
             if self.stop.is_set():
                 raise JobStopped(f"job {job.job_id} was stopped before it started")
@@ -115,7 +145,8 @@ class RankPool:
                 if not handed:
                     self._start_generation(job)
             except MlflowHvdError as exc:
-                return Failed(start_failure(exc), exc)
+                ended = Failed(start_failure(exc), exc)
+                return ended
             live = self._live
             assert live is not None  # started or handed
             record = JobRecord(job.np, job.job_id, tasks=live.tasks)
@@ -126,13 +157,17 @@ class RankPool:
             if (isinstance(ended, Failed) and isinstance(ended.error, WorkerFailedError)
                     and handed and died_before_starting(record)):
                 died = ended.error
-                return Failed(FailureKind.NOT_STARTED, JobNotStartedError(
+                ended = Failed(FailureKind.NOT_STARTED, JobNotStartedError(
                     f"ranks of generation {live.number} died after taking job {job.job_id} "
                     f"but before starting it: {died.root_cause.host} rank {died.rank} "
                     f"({died.root_cause.describe_exit()})"))
-            succeeded = isinstance(ended, bytes)
             return ended
         finally:
+            succeeded = isinstance(ended, bytes)
+            if ended is not None:
+                self.history.append(Placement(
+                    job.job_id, self.generations, handed, self._refused,
+                    ended.kind if isinstance(ended, Failed) else None))
             if job.grow is not None:
                 job.grow.close()
             if not succeeded:
@@ -160,6 +195,7 @@ class RankPool:
             live.hand_out(job, Deadline.after(job.settings.start_timeout))
             return True
         except BackendError as exc:
+            self._refused = str(exc)
             log.info("job %s: generation %d cannot take it (%s); starting new ranks",
                      job.job_id, live.number, exc)
             self._close_live(stop_now=True)

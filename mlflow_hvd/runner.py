@@ -323,8 +323,12 @@ class HorovodRunner:
         if target is not None and size < abs(self.num_processor):
             from mlflow_hvd.driver.elastic import GrowBack
 
+            seen = target
             grow = GrowBack(abs(self.num_processor), size, self.job.grow_interval,
-                            lambda: self._placement.slots_back(size))
+                            lambda: self._placement.slots_back(size),
+                            lambda back: attempts.slots_seen(
+                                seen, attempt, back, self.tracking.tracking_timeout,
+                                self._undelivered_root()))
         elif size < abs(self.num_processor):
             log.warning("mlflow_hvd: attempt %d runs on %d of np=%d ranks and will not grow "
                         "back: growing back happens at a checkpoint committed to the job's "

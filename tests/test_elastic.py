@@ -116,3 +116,14 @@ def test_a_failing_look_leaves_the_job_running() -> None:
     grow = GrowBack(4, 2, interval=60, slots_back=broken)
     assert not grow.look()
     assert not grow.at_commit(committed(0, last=False)) and not grow.restart.is_set()
+
+
+def test_each_change_of_the_looks_answer_is_told_and_only_a_change() -> None:
+    """The job's run records when the missing slots came back (and went again): the
+    controller tells each answer that differs from the one before, from the first look."""
+    answers = iter([False, False, True, True, False, True])
+    told: list[bool] = []
+    grow = GrowBack(4, 2, interval=60, slots_back=lambda: next(answers),
+                    on_change=told.append)
+    assert [grow.look() for _ in range(6)] == [False, False, True, True, False, True]
+    assert told == [True, False, True]

@@ -52,12 +52,16 @@ class GrowBack:
         interval: Seconds from the attempt's start to the first look for the missing
             slots, and between two looks.
         slots_back: Whether ``np`` slots are there now, this attempt's ``size`` included.
+        on_change: Told each look's answer that differs from the one before (the first
+            that finds the slots back, then any change; the job's run records it).
     """
 
     def __init__(self, np: int, size: int, interval: float,
-                 slots_back: Callable[[], bool]) -> None:
+                 slots_back: Callable[[], bool],
+                 on_change: Callable[[bool], None] | None = None) -> None:
         self.np, self.size, self.interval = np, size, interval
         self._slots_back = slots_back
+        self._on_change = on_change
         self._back = threading.Event()  # the latest look found the slots
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -92,7 +96,10 @@ class GrowBack:
             back = False
         log.info("job on %d of %d ranks: the missing slots are %s", self.size, self.np,
                  "back" if back else "still missing")
+        changed = back != self._back.is_set()
         (self._back.set if back else self._back.clear)()
+        if changed and self._on_change is not None:
+            self._on_change(back)
         return back
 
     def at_commit(self, commit: CheckpointCommitted) -> bool:

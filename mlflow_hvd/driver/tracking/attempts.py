@@ -3,10 +3,12 @@
 ``HorovodRunner(job=JobConfig(max_failures=N))`` runs all attempts in one run. Each start logs
 metrics ``mlflow_hvd.attempt`` (value and step = the attempt, 0 first) and
 ``mlflow_hvd.world_size`` (its number of ranks, step = the attempt), each failure its error
-in full as ``attempts/attempt_<k>_error.txt``. Every call has a deadline and never replaces the
-job's own outcome: what an unreachable server did not take is saved in the run's
-undelivered bundle (:mod:`.undelivered`, sent later with the replay command), what a store
-refused is warned about.
+in full as ``attempts/attempt_<k>_error.txt``. An elastic attempt below ``np`` logs
+``mlflow_hvd.slots_back`` (step = the attempt) each time a look for its missing slots
+answers otherwise than the one before: 1 once they are back, 0 when they are gone again.
+Every call has a deadline and never replaces the job's own outcome: what an unreachable
+server did not take is saved in the run's undelivered bundle (:mod:`.undelivered`, sent
+later with the replay command), what a store refused is warned about.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from mlflow_hvd.protocol.messages import TrackingTarget
 
 ATTEMPT_METRIC = "mlflow_hvd.attempt"
 WORLD_SIZE_METRIC = "mlflow_hvd.world_size"
+SLOTS_BACK_METRIC = "mlflow_hvd.slots_back"
 
 
 def error_file(attempt: int) -> str:
@@ -40,6 +43,19 @@ def started(target: TrackingTarget, attempt: int, world_size: int, timeout: floa
             [rec.Metric(k, v, now, attempt) for k, v in values.items()], [],
             lambda client: client.log_batch(
                 target.run_id, metrics=[Metric(k, v, now, attempt) for k, v in values.items()]))
+
+
+def slots_seen(target: TrackingTarget, attempt: int, back: bool, timeout: float,
+               root: str) -> None:
+    """Record that a look during ``attempt`` found its missing slots ``back`` (or gone)."""
+    from mlflow.entities import Metric
+
+    now, value = int(time.time() * 1000), float(back)
+    _record(target, timeout, root, f"recording the slots seen during attempt {attempt}",
+            f"metric {SLOTS_BACK_METRIC}={value:g}",
+            [rec.Metric(SLOTS_BACK_METRIC, value, now, attempt)], [],
+            lambda client: client.log_batch(
+                target.run_id, metrics=[Metric(SLOTS_BACK_METRIC, value, now, attempt)]))
 
 
 def failed(

@@ -180,7 +180,7 @@ def _two_executors(spark: Any) -> bool:
 
 
 def test_slots_back_during_the_last_epoch_finish_the_job_without_a_restart(
-        spark: Any, store: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        spark: Any, store: str, tmp_path: Any) -> None:
     """np=2, min_np=1 with one of the two executors removed: the attempt runs on 1 rank. A
     new executor registers while the last epoch waits, and a look of the job's elastic
     controller finds the 2 slots; the last epoch's checkpoint (the loop does not say it is
@@ -191,14 +191,10 @@ def test_slots_back_during_the_last_epoch_finish_the_job_without_a_restart(
 
     import mlflow
 
-    from mlflow_hvd.driver.elastic import GrowBack
-
     context = spark.sparkContext._jsc.sc()
     memory = context.getExecutorMemoryStatus  # the executors and the driver
     wait_until(lambda: memory().size() >= 3, 60, "both executors")
-    looks: list[bool] = []
-    look = GrowBack.look
-    monkeypatch.setattr(GrowBack, "look", lambda self: looks.append(look(self)) or looks[-1])
+    client = mlflow.MlflowClient()
     assert context.killExecutor(context.getExecutorIds().apply(0))
     requested = False
     try:
@@ -222,8 +218,9 @@ def test_slots_back_during_the_last_epoch_finish_the_job_without_a_restart(
         requested = _two_executors(spark)
         assert requested
         wait_until(lambda: memory().size() >= 3, 60, "a new executor")
-        seen = len(looks)
-        wait_until(lambda: True in looks[seen:], 30, "a look finding the slots back")
+        wait_until(lambda: [m.value for m in client.get_metric_history(
+            str(runner.last_run_id), "mlflow_hvd.slots_back")] == [1.0], 30,
+            "a look finding the slots back, recorded in the run")
         Path(gate + ".go").write_text("")
         thread.join(120)
         assert not thread.is_alive(), "run() did not return"
@@ -232,8 +229,58 @@ def test_slots_back_during_the_last_epoch_finish_the_job_without_a_restart(
             _two_executors(spark)
         wait_until(lambda: memory().size() >= 3, 60, "the session's two executors again")
     assert ended == [{"attempt": 0, "size": 1, "trained": [0, 1, 2]}]
-    client = mlflow.MlflowClient()
     assert client.get_run(runner.last_run_id).info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(runner.last_run_id, "loss")] == [0, 1, 2]
     assert [m.value for m in client.get_metric_history(runner.last_run_id,
                                                        "mlflow_hvd.attempt")] == [0.0]
+
+
+def test_an_executor_killed_while_the_job_starts_is_retried_and_the_attempt_recorded(
+        spark: Any, store: str) -> None:
+    """np=2 on the session's two executors, max_failures=1: one executor is killed as soon
+    as the job's barrier stage runs, while its ranks start. The attempt fails as a lost
+    executor (a backend failure: retried), is recorded in the run with its error, and the
+    next attempt, on a replacement executor, returns the value."""
+    import threading
+
+    import mlflow
+
+    context = spark.sparkContext._jsc.sc()
+    memory = context.getExecutorMemoryStatus  # the executors and the driver
+    tracker = spark.sparkContext.statusTracker()
+    wait_until(lambda: memory().size() >= 3, 60, "both executors")
+    runner = HorovodRunner(np=2, spark=spark, job=JobConfig(max_failures=1, slot_timeout=120))
+    ended: list[Any] = []
+
+    def run() -> None:
+        try:
+            ended.append(runner.run(workers.echo, x=1))
+        except BaseException as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        stage = wait_until(lambda: tracker.getActiveStageIds(), 120, "the job's barrier stage")
+        assert context.killExecutor(context.getExecutorIds().apply(0))
+        assert not ended, ended  # the kill came while the ranks were starting
+        wait_until(lambda: memory().size() == 2, 60, "the executor's removal")
+        assert _two_executors(spark)  # the retry needs two slots again
+        thread.join(240)
+        assert not thread.is_alive(), "run() did not return"
+    finally:
+        _two_executors(spark)
+        wait_until(lambda: memory().size() >= 3, 60, "the session's two executors again")
+    assert stage and len(ended) == 1 and isinstance(ended[0], dict), ended
+    assert ended[0]["kwargs"] == {"x": 1} and ended[0]["rank"] == 0
+    client = mlflow.MlflowClient()
+    run = client.get_run(str(runner.last_run_id))
+    assert run.info.status == "FINISHED"
+    assert [m.value for m in client.get_metric_history(run.info.run_id,
+                                                       "mlflow_hvd.attempt")] == [0.0, 1.0]
+    text = mlflow.artifacts.load_text(
+        f"runs:/{run.info.run_id}/attempts/attempt_0_error.txt")
+    # the stage failed with its task on the lost executor (Spark's words follow)
+    assert text.startswith("BackendError: the spark backend failed before all ranks "
+                           "finished"), text
+    assert "barrier" in text, text

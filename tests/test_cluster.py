@@ -372,12 +372,17 @@ def _no_rank_left(cluster: Cluster) -> None:
 def test_the_rendezvous_answers_only_the_jobs_hosts_and_a_node_lost_mid_job_fails_the_run(
         cluster: Cluster, client: Any, tmp_path: Path) -> None:
     """While 4 ranks on node-a and node-b hold their job, the rendezvous server answers a
-    job host and refuses (403) the driver's own host, which runs no rank. Then node-b dies:
-    the run fails naming it."""
-    with Driver(cluster, "runner.run(workers.sleep_after_init)", tmp_path) as driver:
+    job host and refuses (403) the driver's own host, which runs no rank; the job's
+    torch.distributed store keeps a job host's connection open and closes, unread, those
+    of the driver's own host and of a third namespace host routed to the driver (a
+    "laptop"). Then node-b dies: the run fails naming it."""
+    from cluster import PREFIX, laptop_host
+
+    with Driver(cluster, "runner.run(workers.sleep_after_init, store=True)",
+                tmp_path) as driver:
         for _ in range(4):  # every rank joined the job
             line = driver.wait_for_line(" up", 240)
-        host, port = line.rsplit("rendezvous at ", 1)[1].rsplit(":", 1)
+        host, port = line.split("rendezvous at ", 1)[1].split(";")[0].rsplit(":", 1)
         assert host == cluster.driver_ip  # where it listens: the driver's address
         ask = ("import http.client as h; c = h.HTTPConnection({!r}, {}, timeout=10); "
                "c.request('GET', '/global/none'); print('STATUS', c.getresponse().status)")
@@ -386,6 +391,25 @@ def test_the_rendezvous_answers_only_the_jobs_hosts_and_a_node_lost_mid_job_fail
         stranger = subprocess.run([sys.executable, "-c", ask.format(host, port)],
                                   capture_output=True, text=True, timeout=60)
         assert "STATUS 403" in stranger.stdout, stranger.stderr
+        # the store: a job host's connection waits for its request (open after 3 s)
+        store_host, store_port = line.split("store at ", 1)[1].rsplit(":", 1)
+        assert store_host == cluster.driver_ip
+        knock = ("import socket; s = socket.create_connection("
+                 f"({store_host!r}, {int(store_port)}), timeout=10); "
+                 "s.settimeout(3)\ntry: print('READ', s.recv(1))\n"
+                 "except TimeoutError: print('OPEN')")
+        member = cluster.run_in("node-a", sys.executable, "-c", knock)
+        assert "OPEN" in member.stdout, (member.stdout, member.stderr)
+        here = subprocess.run([sys.executable, "-c", knock], capture_output=True, text=True,
+                              timeout=60)
+        assert "READ b''" in here.stdout, (here.stdout, here.stderr)  # closed unread
+        with laptop_host() as (host_ip, laptop_ip):
+            subprocess.run(["ip", "-n", f"{PREFIX}-laptop", "route", "add",
+                            f"{cluster.driver_ip}/32", "via", host_ip], check=True, timeout=30)
+            laptop = subprocess.run(["ip", "netns", "exec", f"{PREFIX}-laptop",
+                                     sys.executable, "-c", knock], capture_output=True,
+                                    text=True, timeout=60)
+        assert "READ b''" in laptop.stdout, (laptop_ip, laptop.stdout, laptop.stderr)
         t0 = time.monotonic()
         cluster.kill_node("node-b")
         try:

@@ -609,8 +609,9 @@ def interpreter_everywhere() -> list[dict[str, Any]]:
     return sorted(hvd.allgather_object(mine), key=lambda d: d["rank"])
 
 
-def sleep_after_init(seconds: float = 600.0) -> None:
-    """Join the job, then idle: a job that only ends when something fails."""
+def sleep_after_init(seconds: float = 600.0, store: bool = False) -> None:
+    """Join the job (with ``store``, torch.distributed's group too, through the job's store
+    on the driver), then idle: a job that only ends when something fails."""
     import horovod.tensorflow as hvd
 
     hvd.init()
@@ -619,7 +620,13 @@ def sleep_after_init(seconds: float = 600.0) -> None:
 
     where = (os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
              os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
-    mlflow_hvd.log_to_driver(f"rank {hvd.rank()} up; rendezvous at {':'.join(where)}")
+    line = f"rank {hvd.rank()} up; rendezvous at {':'.join(where)}"
+    if store:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        line += f"; store at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    mlflow_hvd.log_to_driver(line)
     time.sleep(seconds)
 
 

@@ -657,8 +657,11 @@ def test_a_basic_auth_tls_server_from_workers_that_hold_no_credentials(
 
 
 def test_a_pruning_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path: Path) -> None:
-    """`mlflow run . -e sweep -P prune=median` with 4 ranks on two hosts, tracking over HTTP:
-    rank 0's epoch reports reach the driver from another host and the stop is collective."""
+    """`mlflow run . -e sweep -P prune=median` as documented, with 4 ranks on two hosts,
+    tracking over HTTP: a parent run with four nested trials, rank
+    0's epoch reports reach the driver from another host, and Keras' fit is stopped on every
+    rank by MlflowCallback in the one trial whose learning rate cannot learn; the best
+    trial's model becomes the registry's champion."""
     space = tmp_path / "space.json"  # seed 2: 0.01 for trials 0-2, 1e-6 for trial 3
     space.write_text(json.dumps({"learning_rate": ["choice", [0.01, 1e-6]],
                                  "batch_size": ["choice", [32]]}))
@@ -669,21 +672,33 @@ def test_a_pruning_sweep_on_the_cluster(cluster: Cluster, client: Any, tmp_path:
                           text=True, timeout=900)
     assert proc.returncode == 0, stderr_tail(proc.stderr)
     assert "registered as version 1 of 'digits': models:/digits@champion" in proc.stdout
+    assert "1 pruned, 7 epochs trained, 1 saved" in proc.stdout, proc.stdout[-2000:]
     exp = client.get_experiment_by_name("Default").experiment_id
     (parent,) = client.search_runs([exp], filter_string="tags.`mlflow_hvd.sweep.role` = 'parent'")
     children = sorted(client.search_runs(
         [exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"),
         key=lambda r: int(r.data.tags["mlflow_hvd.sweep.trial"]))
     assert parent.info.status == "FINISHED"
+    assert parent.data.params["max_evals"] == "4" and parent.data.params["np"] == "4"
+    assert parent.data.params["prune"] == "median"
+    assert [c.data.tags["mlflow_hvd.sweep.trial"] for c in children] == ["0", "1", "2", "3"]
     assert [c.info.status for c in children] == ["FINISHED"] * 4
     assert {c.data.tags["mlflow_hvd.spark_master"] for c in children} == {cluster.master_url}
+    assert [c.data.params["learning_rate"] for c in children] == ["0.01"] * 3 + ["1e-06"]
     assert [c.data.tags.get("mlflow_hvd.sweep.pruned_at_epoch") for c in children] == [
         None, None, None, "1"]
-    assert [len(client.get_metric_history(c.info.run_id, "val_loss")) for c in children] == [
-        2, 2, 2, 1]
+    for child in children:
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, "val_loss")]
+        assert steps == ([0, 1] if child is not children[3] else [0])
+    assert children[3].outputs is None or not children[3].outputs.model_outputs  # skipped
     assert parent.data.metrics["trials_pruned"] == 1
-    best = parent.data.tags["mlflow_hvd.sweep.best_run_id"]
-    assert best in {c.info.run_id for c in children[:3]}
+    assert parent.data.metrics["epochs_saved"] == 1
+    losses = {c.info.run_id: c.data.metrics["val_loss"] for c in children[:3]}
+    best = min(losses, key=losses.__getitem__)
+    assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] == best
+    assert parent.data.metrics["best_val_loss"] == pytest.approx(losses[best])
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"loss_per_trial.png", "search_space.json", "hyperopt"} <= arts
     # the best trial's model is the registry's champion, served through the tracking server
     champion = client.get_model_version_by_alias("digits", "champion")
     assert (champion.run_id, champion.tags["mlflow_hvd.sweep.run_id"]) == (

@@ -93,51 +93,6 @@ def test_bad_parameters_are_refused_together_before_any_job(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_mlflow_run_of_the_sweep_entry_point_on_local_ranks(tmp_path: Path) -> None:
-    """`mlflow run . -e sweep -P prune=median` as documented, here on two local ranks
-    (np=-2): a parent run with four nested trials on the same warm ranks, Keras' fit
-    stopped by MlflowCallback in the one trial whose learning rate cannot learn."""
-    uri = f"sqlite:///{tmp_path}/sweep.db"
-    space = tmp_path / "space.json"
-    # seed 2 samples 0.01 for trials 0-2 and 1e-6 for trial 3 (hyperopt's TPE draws its
-    # first 20 trials at random)
-    space.write_text(json.dumps({"learning_rate": ["choice", [0.01, 1e-6]],
-                                 "batch_size": ["choice", [32]]}))
-    proc = _mlflow_run(REPO, tmp_path, uri, "max_evals=4", "np=-2", "epochs=2", "seed=2",
-                       f"space={space}", "prune=median", entry="sweep")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "1 pruned, 7 epochs trained, 1 saved" in proc.stdout, proc.stdout[-2000:]
-    mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient()
-    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
-    (parent,) = [r for r in runs if r.data.tags.get("mlflow_hvd.sweep.role") == "parent"]
-    children = sorted((r for r in runs if r is not parent),
-                      key=lambda r: int(r.data.tags["mlflow_hvd.sweep.trial"]))
-    assert parent.info.status == "FINISHED"
-    assert parent.data.params["max_evals"] == "4" and parent.data.params["np"] == "-2"
-    assert parent.data.params["prune"] == "median"
-    assert [c.data.tags["mlflow_hvd.sweep.trial"] for c in children] == ["0", "1", "2", "3"]
-    assert [c.data.tags["mlflow.parentRunId"] for c in children] == [parent.info.run_id] * 4
-    assert [c.info.status for c in children] == ["FINISHED"] * 4
-    assert {c.data.tags["mlflow_hvd.backend"] for c in children} == {"local"}
-    assert [c.data.params["learning_rate"] for c in children] == ["0.01"] * 3 + ["1e-06"]
-    assert [c.data.tags.get("mlflow_hvd.sweep.pruned_at_epoch") for c in children] == [
-        None, None, None, "1"]
-    for child in children:
-        steps = [m.step for m in client.get_metric_history(child.info.run_id, "val_loss")]
-        assert steps == ([0, 1] if child is not children[3] else [0])
-    assert children[3].outputs is None or not children[3].outputs.model_outputs  # skipped
-    assert parent.data.metrics["trials_pruned"] == 1
-    assert parent.data.metrics["epochs_saved"] == 1
-    losses = {c.info.run_id: c.data.metrics["val_loss"] for c in children[:3]}
-    best = min(losses, key=losses.__getitem__)
-    assert parent.data.tags["mlflow_hvd.sweep.best_run_id"] == best
-    assert parent.data.metrics["best_val_loss"] == pytest.approx(losses[best])
-    arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"loss_per_trial.png", "search_space.json", "hyperopt"} <= arts
-
-
-@pytest.mark.slow
 def test_mlflow_run_of_the_fsdp_example_on_two_spark_ranks_from_parquet(
         tmp_path: Path) -> None:
     """`mlflow run . -P np=2 -P train=examples/digits_fsdp.py:train -P data=<parquet>`: a

@@ -107,10 +107,13 @@ class TorchDistributor:
     def _hooks(self) -> Any:
         """What every process has while a job runs: with ``use_gpu=False`` no GPU
         (``CUDA_VISIBLE_DEVICES=""``, as pyspark's TorchDistributor sets it), before the
-        job's code is unpickled and restored after it."""
+        job's code is unpickled and restored after it; with ``local_mode=False`` each task
+        a torchrun node of its own, as pyspark's numbers them (``LOCAL_RANK`` 0 in every
+        task: Lightning's ``Trainer(devices=1, num_nodes=num_processes)``)."""
         from mlflow_hvd.runner import RunHooks
 
-        return RunHooks(rank_env=() if self.use_gpu else (("CUDA_VISIBLE_DEVICES", ""),))
+        return RunHooks(rank_env=() if self.use_gpu else (("CUDA_VISIBLE_DEVICES", ""),),
+                        torch_nodes_are_tasks=not self.local_mode)
 
 
 def _check_arguments(fn: Callable[..., Any], args: tuple[Any, ...],

@@ -343,7 +343,8 @@ class HorovodRunner:
                    on_undelivered=self._undelivered_handler(
                        grow.restart if grow is not None else None),
                    feed=feed, on_fed=on_fed, grow=grow, attempt=attempt,
-                   max_restarts=self.job.max_failures, rank_env=hooks.rank_env)
+                   max_restarts=self.job.max_failures, rank_env=hooks.rank_env,
+                   torch_nodes_are_tasks=hooks.torch_nodes_are_tasks)
 
     def __enter__(self) -> HorovodRunner:
         """Keep the ranks warm between ``run`` calls until the ``with`` block ends.
@@ -496,12 +497,16 @@ class RunHooks:
             sweep's parent run).
         rank_env: Variables every rank has while the job runs, restored after it
             (``TorchDistributor(use_gpu=False)``: ``(("CUDA_VISIBLE_DEVICES", ""),)``).
+        torch_nodes_are_tasks: Each Spark task is a torchrun node of its own, as pyspark's
+            TorchDistributor numbers its processes (``LOCAL_RANK`` 0 in every task, the
+            task as ``GROUP_RANK`` and ``NODE_RANK``); False: hosts are the nodes.
     """
 
     epoch_judge: EpochJudge | None = None
     log_prefix: str = ""
     dataset_runs: tuple[str, ...] = ()
     rank_env: tuple[tuple[str, str], ...] = ()
+    torch_nodes_are_tasks: bool = False
 
 
 @dataclass(frozen=True)

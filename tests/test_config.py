@@ -172,7 +172,7 @@ def test_run_hooks_are_public_and_documented() -> None:
                  "ClusterConfig", "TrackingConfig"):
         assert name in doc, name
     assert [f.name for f in dataclasses.fields(RunHooks)] == [
-        "epoch_judge", "log_prefix", "dataset_runs", "rank_env"]
+        "epoch_judge", "log_prefix", "dataset_runs", "rank_env", "torch_nodes_are_tasks"]
 
 
 def test_the_cli_maps_its_flags_onto_the_groups(tmp_path: Path) -> None:

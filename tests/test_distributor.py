@@ -118,3 +118,33 @@ def test_input_pyspark_refuses_is_refused_before_any_process_starts(tmp_path: Pa
         distributor.run(ddp_with_positional, 0.5)
     with pytest.raises(ConfigurationError, match=r"a function or the path of a script, got int"):
         distributor.run(3)
+
+
+# values that differ from run to run, or name where the store listens: compared by presence
+PER_RUN = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
+
+
+@pytest.mark.slow
+def test_local_mode_false_numbers_processes_as_pysparks_torchdistributor(
+        spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the same local-cluster (two tasks on one host), every process sees the torchrun
+    variables pyspark's TorchDistributor gives it: each task a node of its own (LOCAL_RANK
+    0, its task as GROUP_RANK and NODE_RANK), no GPU; what differs per run (the store's
+    address and port, the run id, the error file) is there in both."""
+    from pyspark import cloudpickle
+    from pyspark.ml.torch.distributor import TorchDistributor as Pyspark
+
+    cloudpickle.register_pickle_by_value(workers)  # its torchrun processes cannot import it
+    try:
+        theirs = Pyspark(num_processes=2, local_mode=False, use_gpu=False).run(
+            workers.torchrun_views)
+    finally:
+        cloudpickle.unregister_pickle_by_value(workers)
+    ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        workers.torchrun_views)
+
+    def comparable(view: dict[str, str | None]) -> dict[str, str | None]:
+        return {k: (v is not None) if k in PER_RUN else v for k, v in view.items()}
+
+    assert [comparable(v) for v in ours] == [comparable(v) for v in theirs], (ours, theirs)
+    assert [v["LOCAL_RANK"] for v in theirs] == ["0", "0"]  # what Lightning indexes with

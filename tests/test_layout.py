@@ -135,16 +135,36 @@ def test_torch_env_is_torchruns_contract_with_horovods_ranks_and_hosts_as_nodes(
         "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",  # torchrun's node rank: b is the 2nd
         "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4", "ROLE_NAME": "default",
         "MASTER_ADDR": "10.0.0.5", "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "GLOO_SOCKET_IFNAME": "eth0",
+        "GLOO_SOCKET_IFNAME": "eth0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     }
     first = torch_env(by_rank[2], slots, "10.0.0.5", "eth0", {})
     assert (first["GROUP_RANK"], first["LOCAL_RANK"], first["LOCAL_WORLD_SIZE"]) == (
         "0", "2", "3")
     # a driver without torch offers no store: no address, and torch says so at once
-    storeless = torch_env(by_rank[0], slots, "", "eth0",
-                          {"GLOO_SOCKET_IFNAME": "ib0"})  # the host's own interface kept
+    storeless = torch_env(by_rank[0], slots, "", "eth0",  # the host's own settings kept
+                          {"GLOO_SOCKET_IFNAME": "ib0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
     assert not {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
-                "GLOO_SOCKET_IFNAME"} & set(storeless)
+                "GLOO_SOCKET_IFNAME", "TORCH_NCCL_ASYNC_ERROR_HANDLING"} & set(storeless)
+    assert torch_env(by_rank[0], slots, "", "eth0", {}, error_file="/s/e.json")[
+        "TORCHELASTIC_ERROR_FILE"] == "/s/e.json"  # where torch's @record writes
+
+
+def test_tasks_as_torchrun_nodes_number_processes_as_pyspark_torchdistributor_does() -> None:
+    """pyspark's TorchDistributor runs one torchrun node per barrier task: every process is
+    LOCAL_RANK 0 of 1, its task is its RANK, GROUP_RANK and NODE_RANK, whatever host it is
+    on (two tasks on one host are two nodes, where HorovodRunner's numbering makes them
+    local ranks 0 and 1 of one)."""
+    slots = assign_slots(["a", "b", "a", "b"])  # Horovod: a holds ranks 0-1, b ranks 2-3
+    for task, slot in enumerate(slots):
+        env = torch_env(slot, slots, "10.0.0.5", "eth0", {}, task)
+        assert env == {
+            "RANK": str(task), "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": str(task), "GROUP_WORLD_SIZE": "4", "NODE_RANK": str(task),
+            "ROLE_RANK": str(task), "ROLE_WORLD_SIZE": "4", "ROLE_NAME": "default",
+            "MASTER_ADDR": "10.0.0.5", "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "GLOO_SOCKET_IFNAME": "eth0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert torch_env(slots[2], slots, "10.0.0.5", "eth0", {})["LOCAL_RANK"] == "1"
+    assert slots[0].rank == 0  # torch's rank 0 is Horovod's: the rank that logs and returns
 
 
 def test_a_jobs_variables_are_torchruns_per_run_ones_and_nothing_a_rank_keeps() -> None:

@@ -1858,3 +1858,22 @@ def job_variables(probe: SeesAtUnpickling) -> dict[str, Any]:
     are while it runs."""
     return {"unpickled": probe.seen,
             "running": {name: os.environ.get(name) for name in probe.names}}
+
+
+# what torchrun (and pyspark's TorchDistributor around it) may set in a worker's environment
+TORCHRUN_VIEW = (*TORCHRUN_VARS[:-1], "NODE_RANK", "CUDA_VISIBLE_DEVICES",
+                 "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                 "OMP_NUM_THREADS")
+
+
+def torchrun_views() -> list[dict[str, str | None]]:
+    """Every process's torchrun variables (:data:`TORCHRUN_VIEW`), gathered over Gloo, by
+    rank: what a TorchDistributor's processes see."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    mine = {name: os.environ.get(name) for name in TORCHRUN_VIEW}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    dist.destroy_process_group()
+    return everyone

@@ -66,8 +66,10 @@ def worker_launch(
     slot = slots[index]
     host = host_name or slot.hostname
     rank_vars = rank_env(slot, driver_host, job.rendezvous_port, iface)
-    rank_vars.update(torch_env(slot, slots, driver_host if job.torch_store else "", iface,
-                               os.environ))
+    rank_vars.update(torch_env(
+        slot, slots, driver_host if job.torch_store else "", iface, os.environ,
+        index if job.torch_nodes_are_tasks else None,
+        os.path.join(os.path.dirname(payload_path), f"torch-error-rank{slot.rank}.json")))
     env = worker_env(os.environ, rank_vars, dict(job.horovod_env))
     # the timeline and autotune log go to the rank's scratch directory on this host
     env.update(horovod_env.rank_files(env, os.path.dirname(payload_path), slot.rank))

@@ -124,13 +124,14 @@ TORCH_VARS = frozenset({
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_MAX_RESTARTS", "NODE_RANK", "TORCHELASTIC_ERROR_FILE",
 })
 ROLE = "default"  # torchrun's role name when none is given
 
 
 def torch_env(slot: RankSlot, slots: Sequence[RankSlot], store_addr: str, iface: str,
-              environ: Mapping[str, str]) -> dict[str, str]:
+              environ: Mapping[str, str], task: int | None = None,
+              error_file: str = "") -> dict[str, str]:
     """The variables ``torchrun`` gives a worker that stay the same from job to job, for the
     rank of ``slot`` among ``slots`` (every rank of the job), consistent with Horovod's:
     ``RANK`` is ``hvd.rank()``, ``LOCAL_RANK`` ``hvd.local_rank()``; ``GROUP_RANK`` is the
@@ -142,19 +143,41 @@ def torch_env(slot: RankSlot, slots: Sequence[RankSlot], store_addr: str, iface:
     uses ``iface``, the interface Horovod's Gloo uses (``GLOO_SOCKET_IFNAME``), unless
     ``environ`` (the host's) names one; NCCL's is Horovod's (``NCCL_SOCKET_IFNAME``,
     :func:`rank_env`). What changes from job to job comes with each job
-    (:func:`job_vars`)."""
-    hosts: list[str] = []
-    for other in sorted(slots, key=lambda s: s.rank):
-        if other.hostname not in hosts:
-            hosts.append(other.hostname)
-    env = {
-        "RANK": str(slot.rank), "WORLD_SIZE": str(slot.size),
-        "LOCAL_RANK": str(slot.local_rank), "LOCAL_WORLD_SIZE": str(slot.local_size),
-        "GROUP_RANK": str(hosts.index(slot.hostname)), "GROUP_WORLD_SIZE": str(len(hosts)),
-        "ROLE_RANK": str(slot.rank), "ROLE_WORLD_SIZE": str(slot.size), "ROLE_NAME": ROLE,
-    }
+    (:func:`job_vars`).
+
+    ``task``: the rank's task (its index among ``slots``) when each task is a torchrun node
+    of its own, as pyspark's TorchDistributor runs them (``torchrun --nnodes=<tasks>
+    --node_rank=<task> --nproc_per_node=1`` in each barrier task, ``NODE_RANK`` set in the
+    task): ``RANK``, ``GROUP_RANK`` and ``NODE_RANK`` are the task, ``LOCAL_RANK`` 0 of
+    ``LOCAL_WORLD_SIZE`` 1. None: hosts are the nodes (HorovodRunner's numbering).
+
+    As torchrun, ``TORCHELASTIC_ERROR_FILE`` names where torch's ``@record`` writes the
+    process's error (``error_file``, in the rank's scratch directory; "": not set) and
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is 1 unless ``environ`` sets it."""
+    if task is not None:
+        tasks = str(len(slots))
+        env = {"RANK": str(task), "WORLD_SIZE": tasks, "LOCAL_RANK": "0",
+               "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(task), "GROUP_WORLD_SIZE": tasks,
+               "NODE_RANK": str(task), "ROLE_RANK": str(task), "ROLE_WORLD_SIZE": tasks,
+               "ROLE_NAME": ROLE}
+    else:
+        hosts: list[str] = []
+        for other in sorted(slots, key=lambda s: s.rank):
+            if other.hostname not in hosts:
+                hosts.append(other.hostname)
+        env = {
+            "RANK": str(slot.rank), "WORLD_SIZE": str(slot.size),
+            "LOCAL_RANK": str(slot.local_rank), "LOCAL_WORLD_SIZE": str(slot.local_size),
+            "GROUP_RANK": str(hosts.index(slot.hostname)),
+            "GROUP_WORLD_SIZE": str(len(hosts)), "ROLE_RANK": str(slot.rank),
+            "ROLE_WORLD_SIZE": str(slot.size), "ROLE_NAME": ROLE,
+        }
     if store_addr:
         env.update({"MASTER_ADDR": store_addr, "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    if error_file:
+        env["TORCHELASTIC_ERROR_FILE"] = error_file
+    if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in environ:
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     if not environ.get("GLOO_SOCKET_IFNAME"):
         env["GLOO_SOCKET_IFNAME"] = iface
     return env

@@ -82,6 +82,7 @@ def job_spec(job: Job, np: int, secret: bytes, driver_host: str, channel_port: i
         gpu_resource=settings.gpu_resource,
         feed=job.feed.spec if job.feed is not None else None,
         job_vars=vars_for(job, torch_port),
+        torch_nodes_are_tasks=job.torch_nodes_are_tasks,
     )
 
 
@@ -157,6 +158,7 @@ class Generation:
         # what the ranks were started with (launch); before that no rank can wait
         self._idle_timeout = 0.0
         self.feed_key: tuple[tuple[str, int], ...] = ()  # the DataFrames its ranks were fed
+        self.torch_nodes_are_tasks = False  # how its ranks' torchrun variables number them
         self.split: FeedAgreed | None = None  # how they were split over the ranks
 
     # --- what it is doing, for callers that wait on it -------------------------------------
@@ -239,6 +241,7 @@ class Generation:
                         self.rendezvous.port, self.warm, self._new_torch_store())
         self._idle_timeout = spec.idle_timeout
         self.feed_key = job.feed_key
+        self.torch_nodes_are_tasks = job.torch_nodes_are_tasks
         self.backend.start(spec, self._route)  # what the backend itself reports, routed
 
     def hand_out(self, job: Job, deadline: Deadline) -> None:

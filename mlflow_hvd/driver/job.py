@@ -49,6 +49,8 @@ class Job:
         max_restarts: Restarts the job may have (``TORCHELASTIC_MAX_RESTARTS``).
         rank_env: Variables every rank has while the job runs beside torchrun's
             (:func:`mlflow_hvd.common.layout.job_vars`).
+        torch_nodes_are_tasks: Each task is a torchrun node of its own (pyspark's
+            TorchDistributor's numbering); warm ranks numbered otherwise do not take it.
         grow: The controller of an elastic attempt below ``np`` (its looks for the missing
             slots run while the job runs; the driver loop asks it at each checkpoint whether
             the job ends there to grow back, :mod:`mlflow_hvd.driver.elastic`); None
@@ -68,6 +70,7 @@ class Job:
     attempt: int = 0
     max_restarts: int = 0
     rank_env: tuple[tuple[str, str], ...] = ()
+    torch_nodes_are_tasks: bool = False
 
     @property
     def feed_key(self) -> tuple[tuple[str, int], ...]:

@@ -186,6 +186,11 @@ class RankPool:
                      job.job_id, live.number)
             self._close_live(stop_now=False)
             return False
+        if live.torch_nodes_are_tasks != job.torch_nodes_are_tasks:
+            log.info("job %s numbers torch.distributed's processes otherwise than generation "
+                     "%d's; starting new ranks", job.job_id, live.number)
+            self._close_live(stop_now=False)
+            return False
         if live.np != job.np:
             log.info("job %s runs on %d ranks, generation %d has %d; starting new ranks",
                      job.job_id, job.np, live.number, live.np)

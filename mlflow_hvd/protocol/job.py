@@ -42,6 +42,10 @@ class JobSpec:
             ``torch.distributed`` store among them, where the driver offers one), as
             :func:`mlflow_hvd.common.layout.job_vars` builds them; a warm rank's later jobs
             bring their own.
+        torch_nodes_are_tasks: Each task is a torchrun node of its own, as pyspark's
+            TorchDistributor numbers processes (``LOCAL_RANK`` 0 in every task); False:
+            hosts are the nodes, ranks numbered as Horovod numbers them
+            (:func:`mlflow_hvd.common.layout.torch_env`).
     """
 
     np: int
@@ -65,6 +69,7 @@ class JobSpec:
     feed: FeedSpec | None = None
     environment: EnvironmentFingerprint | None = None
     job_vars: tuple[tuple[str, str], ...] = ()
+    torch_nodes_are_tasks: bool = False
 
     @property
     def torch_store(self) -> bool:

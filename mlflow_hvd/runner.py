@@ -323,7 +323,7 @@ class HorovodRunner:
         if target is not None and size < abs(self.num_processor):
             from mlflow_hvd.driver.elastic import GrowBack
 
-            seen = target
+            seen = target  # not None, for the callback (mypy narrows no closure)
             grow = GrowBack(abs(self.num_processor), size, self.job.grow_interval,
                             lambda: self._placement.slots_back(size),
                             lambda back: attempts.slots_seen(
@@ -337,7 +337,7 @@ class HorovodRunner:
         description = f"HorovodRunner(np={self.num_processor}).run({callable_name(main)})" + (
             f" attempt {attempt + 1}" if attempt else "") + (
             f" on {size} ranks" if size != abs(self.num_processor) else "")
-        return Job(np=size, payload=dumps_payload(code, target, attempt, self.job.max_failures),
+        return Job(np=size, payload=dumps_payload(code, target, attempt),
                    settings=settings,
                    description=description, job_id=job_id, on_tracking_write=writes,
                    on_undelivered=self._undelivered_handler(

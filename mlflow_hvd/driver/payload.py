@@ -68,11 +68,10 @@ def _dumps_code(main: Callable[..., Any], kwargs: dict[str, Any]) -> Code:
             cloudpickle.unregister_pickle_by_value(mod)
 
 
-def dumps_payload(code: Code, target: TrackingTarget | None = None, attempt: int = 0,
-                  max_restarts: int = 0) -> bytes:
+def dumps_payload(code: Code, target: TrackingTarget | None = None, attempt: int = 0) -> bytes:
     """One job's payload: the code pickled by :func:`dumps_code` plus its run and attempt
     (cheap: the code is not pickled again)."""
-    return pickle.dumps(Payload(code, target, attempt, max_restarts),
+    return pickle.dumps(Payload(code, target, attempt),
                         protocol=pickle.HIGHEST_PROTOCOL)
 
 

@@ -108,7 +108,6 @@ class Payload:
     code: Code
     tracking: TrackingTarget | None = None
     attempt: int = 0  # 0 for the first run of the job, k for its k-th restart
-    max_restarts: int = 0  # restarts the job may have (JobConfig(max_failures))
 
 
 @dataclass(frozen=True)

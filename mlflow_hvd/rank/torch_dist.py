@@ -9,6 +9,7 @@ once torch.distributed is imported (:mod:`mlflow_hvd.driver.torch_store`: a driv
 never hears it never imports torch), and after a warm rank's job the default process group
 destroyed, so that the next job's ``init_process_group`` can run.
 """
+
 from __future__ import annotations
 
 import gc

@@ -608,6 +608,32 @@ def test_worker_lines_carry_the_log_prefix() -> None:
     assert out.getvalue() == "[trial 3][1]<stdout>: hello\n"
 
 
+def test_a_spark_task_reaching_the_driver_holds_the_start_deadline_and_is_named() -> None:
+    """On a loaded cluster a barrier stage's tasks may reach the driver late: each one is
+    progress, and a start that stalls says whether Spark ran the tasks at all."""
+    from mlflow_hvd.driver.supervisor import FailureKind, JobRecord, _check_running
+
+    backend = FakeBackend(lambda sink, stop: None)
+    backend.name = "spark"
+    limit = settings(start_timeout=0.5)
+    job = JobRecord(np=2)
+    now = time.monotonic()
+    job.tasks.admit(1)  # task 1 reached the driver just now, 2 s into the job
+    assert _check_running(job, backend, limit, 2.0, now) is None
+    failed = _check_running(job, backend, limit, 2.0, now + 0.6)
+    assert failed is not None and failed.kind is FailureKind.START_TIMEOUT
+    assert str(failed.error).startswith(
+        "0 of 2 ranks started within 0.5s of the last Spark task's arrival (missing ranks: "
+        "0, 1; 1 of 2 Spark tasks reached the driver (partitions 1)). Raise ")
+    assert backend.stopped.is_set()  # the job's ranks are told to stop
+
+    stuck = JobRecord(np=2)
+    failed = _check_running(stuck, backend, limit, 0.6, time.monotonic())
+    assert failed is not None and str(failed.error).startswith(
+        "0 of 2 ranks started within 0.5s (missing ranks: 0, 1; no Spark task of the stage "
+        "reached the driver: check the executors' logs). Raise ")
+
+
 def test_tasks_feeding_data_hold_the_start_deadline_while_they_progress() -> None:
     def script(sink: Sink, stop: threading.Event) -> None:
         for rows in range(0, 8000, 1000):  # 8 reports 0.2 s apart: past start_timeout

@@ -384,6 +384,17 @@ def _grows_back(job: JobRecord, message: LoopEvent, grow: GrowBack | None) -> bo
             and grow.at_commit(message))
 
 
+def _tasks_seen(backend: Backend, admitted: list[int], np: int) -> str:
+    """Where a Spark job's start stalled: before its tasks reached the driver (Spark had
+    not run them), or after (their ranks' processes were slow or stuck)."""
+    if backend.name != "spark":
+        return ""
+    if not admitted:
+        return "; no Spark task of the stage reached the driver: check the executors' logs"
+    return (f"; {len(admitted)} of {np} Spark tasks reached the driver "
+            f"(partitions {', '.join(map(str, admitted))})")
+
+
 def _check_running(
     job: JobRecord, backend: Backend, settings: DriverSettings, elapsed: float, now: float
 ) -> Failed | None:
@@ -393,23 +404,29 @@ def _check_running(
     if job.setup is not None:
         job.abort(backend, job.setup.error)
         return job.setup
-    # The start deadline counts from the job's latest progress: tasks feeding its data, or
-    # a rank arriving (many ranks sharing a node's cores arrive one after another, late but
-    # steadily; a job is stuck only when nothing moves for start_timeout).
-    waited = min(elapsed, now - job.fed_at, now - job.arrived_at)
+    # The start deadline counts from the job's latest progress: a Spark task reaching the
+    # driver, tasks feeding its data, or a rank arriving (many ranks sharing a node's cores
+    # arrive one after another, late but steadily; a job is stuck only when nothing moves
+    # for start_timeout).
+    admitted, admitted_at = job.tasks.admitted()
+    waited = min(elapsed, now - job.fed_at, now - job.arrived_at, now - admitted_at)
     if len(job.started) < np and waited > settings.start_timeout:
         missing = sorted(set(range(np)) - set(job.started))
-        if job.arrived_at > job.fed_at:
+        latest = max(job.arrived_at, job.fed_at, admitted_at)
+        if not latest:
+            when = f" within {settings.start_timeout:g}s "
+        elif latest == job.arrived_at:
             when = f"; the others not within {settings.start_timeout:g}s of the last one "
+        elif latest == job.fed_at:
+            when = f" within {settings.start_timeout:g}s of the last progress feeding the data "
         else:
-            when = (f" within {settings.start_timeout:g}s "
-                    f"{'of the last progress feeding the data ' if job.fed_at else ''}")
+            when = f" within {settings.start_timeout:g}s of the last Spark task's arrival "
         return Failed(FailureKind.START_TIMEOUT, job.abort(backend, StartTimeoutError(
             f"{len(job.started)} of {np} ranks started{when}"
-            f"(missing ranks: {', '.join(map(str, missing))}). Raise "
+            f"(missing ranks: {', '.join(map(str, missing))}"
+            f"{_tasks_seen(backend, admitted, np)}). Raise "
             "HorovodRunner(job=JobConfig(start_timeout=...)) if workers are slow to start, or "
-            "check that the "
-            "cluster has free slots"
+            "check that the cluster has free slots"
         )))
     if len(job.started) == np and job.feeding and now - job.fed_at > settings.start_timeout:
         # the ranks start while their tasks feed, and wait for their shards

@@ -13,6 +13,7 @@ the task and its worker are both gone.
 from __future__ import annotations
 
 import threading
+import time
 
 
 class TaskGate:
@@ -27,12 +28,14 @@ class TaskGate:
         self._open = True
         self._admitted: set[int] = set()
         self._left: set[int] = set()
+        self._admitted_at = 0.0  # monotonic time of the latest admission (0: none yet)
 
     def admit(self, partition: int) -> bool:
         """May the task of ``partition`` start its worker? False once the gate is closed."""
         with self._lock:
             if self._open:
                 self._admitted.add(partition)
+                self._admitted_at = time.monotonic()
             return self._open
 
     def left(self, partition: int) -> None:
@@ -44,6 +47,13 @@ class TaskGate:
         """No task starts a worker from now on (the job is being stopped)."""
         with self._lock:
             self._open = False
+
+    def admitted(self) -> tuple[list[int], float]:
+        """Partitions of every task admitted so far, sorted, and when the latest was
+        (monotonic; 0.0 when none was): a task reaching the driver is progress of a
+        starting job."""
+        with self._lock:
+            return sorted(self._admitted), self._admitted_at
 
     def remaining(self) -> list[int]:
         """Partitions of admitted tasks whose connection is still open, sorted."""

@@ -32,7 +32,8 @@ class TorchDistributor:
             session, or of one the runner starts.
         use_gpu: Each process uses a GPU: on the driver, this machine's; on Spark, the one
             Spark's resource scheduling assigns its task (``spark.task.resource.gpu.amount``
-            = 1). False: the processes see none (``CUDA_VISIBLE_DEVICES=""``).
+            = 1). False: Spark tasks' processes see none (``CUDA_VISIBLE_DEVICES=""``); the
+            driver's see what the driver sees, as under pyspark's.
         **runner_options: HorovodRunner's own options (``job=``, ``cluster=``,
             ``tracking=``, ``horovod=``, ``driver_log_verbosity=``).
 
@@ -105,15 +106,22 @@ class TorchDistributor:
         return self._runner.run_with(self._hooks(), Call(train_object, args), **kwargs)
 
     def _hooks(self) -> Any:
-        """What every process has while a job runs: with ``use_gpu=False`` no GPU
-        (``CUDA_VISIBLE_DEVICES=""``, as pyspark's TorchDistributor sets it), before the
-        job's code is unpickled and restored after it; with ``local_mode=False`` each task
-        a torchrun node of its own, as pyspark's numbers them (``LOCAL_RANK`` 0 in every
-        task: Lightning's ``Trainer(devices=1, num_nodes=num_processes)``)."""
+        """What every process has while a job runs, set before the job's code is unpickled
+        and restored after it, as pyspark's TorchDistributor gives it: with
+        ``local_mode=False`` each task a torchrun node of its own (``LOCAL_RANK`` 0 in every
+        task: Lightning's ``Trainer(devices=1, num_nodes=num_processes)``) and, with
+        ``use_gpu=False``, no GPU (``CUDA_VISIBLE_DEVICES=""``); with ``local_mode=True`` one
+        torchrun of ``num_processes`` on the driver, which sets ``OMP_NUM_THREADS=1`` for
+        more than one process unless the driver sets it (it acts when torch is first
+        imported: a warm rank keeps its first job's)."""
         from mlflow_hvd.runner import RunHooks
 
-        return RunHooks(rank_env=() if self.use_gpu else (("CUDA_VISIBLE_DEVICES", ""),),
-                        torch_nodes_are_tasks=not self.local_mode)
+        env: list[tuple[str, str]] = []
+        if not self.local_mode and not self.use_gpu:
+            env.append(("CUDA_VISIBLE_DEVICES", ""))
+        if self.local_mode and self.num_processes > 1 and "OMP_NUM_THREADS" not in os.environ:
+            env.append(("OMP_NUM_THREADS", "1"))
+        return RunHooks(rank_env=tuple(env), torch_nodes_are_tasks=not self.local_mode)
 
 
 def _check_arguments(fn: Callable[..., Any], args: tuple[Any, ...],

@@ -29,7 +29,9 @@ def test_a_function_with_positional_arguments_runs_on_driver_ranks_and_rank_0s_v
         ) -> None:
     distributor = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
     out = distributor.run(ddp_with_positional, 0.5, 2, tag="x")
-    assert (out["scale"], out["tag"], out["cuda"]) == (0.5, "x", "")  # use_gpu=False: no GPU
+    # on the driver, use_gpu=False leaves its GPUs as they are (pyspark's does too)
+    assert (out["scale"], out["tag"], out["cuda"]) == (
+        0.5, "x", os.environ.get("CUDA_VISIBLE_DEVICES"))
     ranks = out["ranks"]
     assert [r["env"]["RANK"] for r in ranks] == ["0", "1"]
     assert ranks[0]["weights"] == ranks[1]["weights"]
@@ -125,26 +127,30 @@ PER_RUN = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ER
 
 
 @pytest.mark.slow
-def test_local_mode_false_numbers_processes_as_pysparks_torchdistributor(
-        spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the same local-cluster (two tasks on one host), every process sees the torchrun
-    variables pyspark's TorchDistributor gives it: each task a node of its own (LOCAL_RANK
-    0, its task as GROUP_RANK and NODE_RANK), no GPU; what differs per run (the store's
-    address and port, the run id, the error file) is there in both."""
+@pytest.mark.parametrize("local_mode", [False, True], ids=["tasks", "driver"])
+def test_each_process_sees_the_torchrun_variables_pysparks_torchdistributor_gives_it(
+        spark: Any, local_mode: bool) -> None:
+    """On the same local-cluster, every process sees the torchrun variables pyspark's
+    TorchDistributor gives it. local_mode=False: each task a node of its own (LOCAL_RANK 0,
+    its task as GROUP_RANK and NODE_RANK), no GPU. local_mode=True: one torchrun of both
+    processes on the driver (LOCAL_RANK 0 and 1 of node 0), the driver's GPUs left as they
+    are. What differs per run (the store's address and port, the run id, the error file)
+    is there in both."""
     from pyspark import cloudpickle
     from pyspark.ml.torch.distributor import TorchDistributor as Pyspark
 
     cloudpickle.register_pickle_by_value(workers)  # its torchrun processes cannot import it
     try:
-        theirs = Pyspark(num_processes=2, local_mode=False, use_gpu=False).run(
+        theirs = Pyspark(num_processes=2, local_mode=local_mode, use_gpu=False).run(
             workers.torchrun_views)
     finally:
         cloudpickle.unregister_pickle_by_value(workers)
-    ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+    ours = TorchDistributor(num_processes=2, local_mode=local_mode, use_gpu=False).run(
         workers.torchrun_views)
 
     def comparable(view: dict[str, str | None]) -> dict[str, str | None]:
         return {k: (v is not None) if k in PER_RUN else v for k, v in view.items()}
 
     assert [comparable(v) for v in ours] == [comparable(v) for v in theirs], (ours, theirs)
-    assert [v["LOCAL_RANK"] for v in theirs] == ["0", "0"]  # what Lightning indexes with
+    # what Lightning indexes its devices with
+    assert [v["LOCAL_RANK"] for v in theirs] == (["0", "1"] if local_mode else ["0", "0"])

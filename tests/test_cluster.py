@@ -171,14 +171,14 @@ REACH = 10  # rank 0's check that it reaches the tracking server
 def test_a_petastorm_converter_feeds_each_rank_its_shard_on_its_own_host(
         batch: Batch, client: Any) -> None:
     """The converter a driver program holds as a global, read as Petastorm's converter is
-    read: each rank its own equal shard, written on its own node, once per finite pass."""
+    read: each rank its own shard, written on its own node; the finite passes of all ranks
+    read every row once (4,001 rows: the shards cannot all be equal)."""
     assert "value" in batch.cases["converter"], batch.cases["converter"]
     ranks = batch.cases["converter"]["value"]
     assert sorted(r["host"] for r in ranks) == ["node-a", "node-a", "node-b", "node-b"]
     seen = [[i for b in r["torch"] for i in b] for r in ranks]
-    rows = ranks[0]["rows"]
-    assert [len(s) for s in seen] == [rows] * 4 and 4_001 - 4 * rows <= 6
-    assert len({i for s in seen for i in s}) == 4 * rows
+    assert [len(s) for s in seen] == [r["rows"] for r in ranks]
+    assert sorted(i for s in seen for i in s) == list(range(4_001))
     assert all(len(b) == 100 for r in ranks for b in r["torch"][:-1])
     assert ranks[0]["dtypes"] == {"id": "torch.int64", "x": "torch.float32"}
     run_id = batch.cases["converter_run"]

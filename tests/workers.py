@@ -1581,8 +1581,11 @@ def petastorm_torch_loop(train: Any, val: Any, batch_size: int = 32,
             total += float(torch.nn.functional.cross_entropy(
                 logits, batch["label_index"].long(), reduction="sum"))
             count += len(batch["label_index"])
-    val_loss = float(hvd.allreduce(torch.tensor(total / count), op=hvd.Average))
+    # every validation row once over the ranks (their shards may differ by a few rows)
+    sums = hvd.allreduce(torch.tensor([total, float(count)], dtype=torch.float64), op=hvd.Sum)
+    val_loss = float(sums[0] / sums[1])
     return {"losses": losses, "keys": list(first), "val_loss": val_loss,
+            "val_rows": int(sums[1]),
             "scaled": (tuple(first["scaled"].shape), str(first["scaled"].dtype))}
 
 

@@ -4,8 +4,11 @@
 What they yield is what Petastorm's converter yields: TensorFlow batches as namedtuples of
 the columns, PyTorch batches as dicts of tensors (strings and bytes: lists), ``batch_size``
 rows per batch over a stream of ``num_epochs`` passes (``None``: without end), so the last
-batch of a finite stream may be short; every row of a pass comes once. What Petastorm's
-reader does with the arguments this feed cannot honour is refused by name (:func:`plan`).
+batch of a finite stream may be short. A finite pass reads every row the rank holds, so
+that the ranks together read every row of the DataFrame once (their passes may differ in
+length, as Petastorm's shards do); a stream without end reads the rank's equal shard.
+What Petastorm's reader does with the arguments this feed cannot honour is refused by name
+(:func:`plan`).
 """
 
 from __future__ import annotations
@@ -190,7 +193,9 @@ def stream(p: Plan) -> Iterator[dict[str, np.ndarray]]:
     valid until the next is asked for."""
     done = 0
     while p.num_epochs is None or done < p.num_epochs:
-        yield from _one_pass(p, None)
+        # a finite pass reads every row the rank holds (all ranks' passes: every row of the
+        # DataFrame once, as Petastorm's); a stream without end reads the equal shard
+        yield from _one_pass(p, None, every_row=p.num_epochs is not None)
         done += 1
 
 
@@ -204,11 +209,12 @@ def first_chunk(p: Plan) -> dict[str, np.ndarray]:
     return chunk
 
 
-def _one_pass(p: Plan, epoch: int | None, shuffle: bool | None = None
-              ) -> Iterator[dict[str, np.ndarray]]:
+def _one_pass(p: Plan, epoch: int | None, shuffle: bool | None = None,
+              every_row: bool = False) -> Iterator[dict[str, np.ndarray]]:
     for chunk in p.shard.row_chunks(columns=list(p.columns),
                                     shuffle=p.shuffle if shuffle is None else shuffle,
-                                    seed=p.seed, epoch=epoch, window=p.window):
+                                    seed=p.seed, epoch=epoch, window=p.window,
+                                    every_row=every_row):
         if p.transform is None:
             yield chunk
         else:

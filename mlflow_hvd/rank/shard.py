@@ -134,18 +134,25 @@ class Shard:
         return self._pass(batch_size, columns, shuffle, seed, epoch, window).batches()
 
     def row_chunks(self, *, columns: Sequence[str] | None = None, shuffle: bool = True,
-                   seed: int = 0, epoch: int | None = None,
-                   window: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+                   seed: int = 0, epoch: int | None = None, window: int | None = None,
+                   every_row: bool = False) -> Iterator[dict[str, np.ndarray]]:
         """One pass over every row of the shard, none left out (unlike :meth:`batches`,
         which leaves out the last partial batch): chunks of consecutive rows of the pass,
         dicts of column -> array of the chunk's rows, each valid until the next chunk is
-        asked for (copy what you keep). Shuffled as :meth:`batches` is."""
-        one_pass = self._pass(1, columns, shuffle, seed, epoch, window)
+        asked for (copy what you keep). Shuffled as :meth:`batches` is.
+
+        ``every_row``: also the rows this rank holds beyond :attr:`rows` (what equal shards
+        leave out), so that the passes of all ranks together read every row of the
+        DataFrame once, as a finite pass of Petastorm's reader does; ranks' passes may then
+        differ in length."""
+        one_pass = self._pass(1, columns, shuffle, seed, epoch, window,
+                              rows=self._file.written if every_row else None)
         for group in one_pass.groups():  # (rows, 1, ...): one row per "batch"
             yield {n: a.reshape(a.shape[0], *a.shape[2:]) for n, a in group.items()}
 
     def _pass(self, batch_size: int, columns: Sequence[str] | None, shuffle: bool, seed: int,
-              epoch: int | None, window: int | None) -> Pass:
+              epoch: int | None, window: int | None, rows: int | None = None) -> Pass:
+        """A pass over the first ``rows`` rows of the file (default: :attr:`rows`)."""
         steps = self.steps(batch_size)
         names = list(columns) if columns is not None else self.columns
         unknown = sorted(set(names) - set(self.columns))
@@ -155,7 +162,8 @@ class Shard:
         if epoch is None:
             epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
         rng = np.random.default_rng([seed, epoch]) if shuffle else None
-        return Pass(self._file.path, self.rows, names, self._widths, batch_size, steps,
+        return Pass(self._file.path, self.rows if rows is None else rows, names,
+                    self._widths, batch_size, steps,
                     rng, window_rows(self._file.path, self._file.written, window, batch_size,
                                      shuffle))
 

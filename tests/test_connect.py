@@ -90,8 +90,8 @@ def test_a_dataframe_job_gets_equal_disjoint_shards_and_one_finished_run(
 def test_a_petastorm_converter_of_a_connect_dataframe_feeds_each_rank_its_shard(
         connect: Any, store: str) -> None:
     """A notebook's Petastorm converter, imports changed, on a Connect session: doubles made
-    float32 with Connect's own functions, the converter held in a closure, each rank's
-    shard read once per finite pass, the run recording the converter's DataFrame."""
+    float32 with Connect's own functions, the converter held in a closure, the ranks' finite
+    passes reading every row once, the run recording the converter's DataFrame."""
     from pyspark.sql.connect.functions import builtin as F
 
     from mlflow_hvd.petastorm import make_spark_converter
@@ -104,9 +104,8 @@ def test_a_petastorm_converter_of_a_connect_dataframe_feeds_each_rank_its_shard(
     ranks = runner.run(lambda: workers.petastorm_census(converter, batch_size=50,
                                                          with_tf=False))
     seen = [[i for b in r["torch"] for i in b] for r in ranks]
-    rows = ranks[0]["rows"]
-    assert [len(s) for s in seen] == [rows, rows] and not set(seen[0]) & set(seen[1])
-    assert 1_001 - 2 * rows <= 3 and set(seen[0]) | set(seen[1]) <= set(range(1_001))
+    assert [len(s) for s in seen] == [r["rows"] for r in ranks]
+    assert sorted(seen[0] + seen[1]) == list(range(1_001))  # 1,001 rows: shards unequal
     assert all(len(b) == 50 for r in ranks for b in r["torch"][:-1])
     client = mlflow.MlflowClient()
     run_id = runner.last_run_id

@@ -236,12 +236,15 @@ def test_slots_back_during_the_last_epoch_finish_the_job_without_a_restart(
 
 
 def test_an_executor_killed_while_the_job_starts_is_retried_and_the_attempt_recorded(
-        spark: Any, store: str) -> None:
+        spark: Any, store: str, tmp_path: Any) -> None:
     """np=2 on the session's two executors, max_failures=1: one executor is killed as soon
     as the job's barrier stage runs, while its ranks start. The attempt fails as a lost
     executor (a backend failure: retried), is recorded in the run with its error, and the
-    next attempt, on a replacement executor, returns the value."""
+    next attempt, on a replacement executor, returns the value. The ranks wait for a gate
+    the test opens once the executor is gone (a kill is asynchronous: on a busy machine
+    the first attempt's ranks could otherwise finish before it lands)."""
     import threading
+    from pathlib import Path
 
     import mlflow
 
@@ -254,10 +257,11 @@ def test_an_executor_killed_while_the_job_starts_is_retried_and_the_attempt_reco
 
     def run() -> None:
         try:
-            ended.append(runner.run(workers.echo, x=1))
+            ended.append(runner.run(workers.echo_at, gate=gate, x=1))
         except BaseException as exc:
             ended.append(exc)
 
+    gate = str(tmp_path / "gate")
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
@@ -265,10 +269,12 @@ def test_an_executor_killed_while_the_job_starts_is_retried_and_the_attempt_reco
         assert context.killExecutor(context.getExecutorIds().apply(0))
         assert not ended, ended  # the kill came while the ranks were starting
         wait_until(lambda: memory().size() == 2, 60, "the executor's removal")
+        Path(gate).write_text("")
         assert _two_executors(spark)  # the retry needs two slots again
         thread.join(240)
         assert not thread.is_alive(), "run() did not return"
     finally:
+        Path(gate).write_text("")  # on every path: no rank is left waiting
         _two_executors(spark)
         wait_until(lambda: memory().size() >= 3, 60, "the session's two executors again")
     assert stage and len(ended) == 1 and isinstance(ended[0], dict), ended

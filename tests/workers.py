@@ -313,6 +313,13 @@ def echo(**kwargs: Any) -> dict[str, Any]:
     return {"kwargs": kwargs, "rank": int(os.environ["HOROVOD_RANK"]), "pid": os.getpid()}
 
 
+def echo_at(gate: str, **kwargs: Any) -> dict[str, Any]:
+    """echo() once the file ``gate`` exists (waits up to 240 s): holds the ranks until the
+    test did what it does while they run."""
+    _wait_for_file(gate, 240)
+    return echo(**kwargs)
+
+
 def long_line(nbytes: int) -> int:
     print("x" * nbytes, flush=True)
     print("after the long line", flush=True)

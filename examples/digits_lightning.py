@@ -73,6 +73,7 @@ def train(
     logger: str = "autolog",
     run_params: dict[str, Any] | None = None,
     log_model: bool = True,
+    fail_first_attempt: bool = False,
 ) -> dict[str, Any]:
     """Fit the module on this process's part of the data; returns rank 0's test and last
     validation metrics, and every rank's weight digest (equal: DDP keeps them so).
@@ -81,6 +82,14 @@ def train(
     DataFrame passed to ``run()`` (columns ``pixels``, 64 floats, and ``label``): each rank
     gets its own rows. ``logger``: ``"autolog"`` (``mlflow.pytorch.autolog()``, its
     checkpoints logged as models of the run) or ``"mlflow"`` (Lightning's ``MLFlowLogger()``).
+
+    With ``"mlflow"``, each epoch ends with Lightning's own checkpoint
+    (``trainer.save_checkpoint``) put into the run (``save_checkpoint_files``); a retried
+    attempt resumes from the latest (``fit(..., ckpt_path=...)``). With ``"autolog"`` the
+    run's checkpoints are autolog's (``checkpoint=True``: the best one, by
+    ``val_loss``). ``fail_first_attempt``: rank 1 fails in the first attempt
+    after the first epoch's checkpoint (with ``JobConfig(max_failures=1)`` the retry resumes
+    from it).
     """
     import mlflow
     import pytorch_lightning as pl
@@ -88,8 +97,14 @@ def train(
     from sklearn.model_selection import train_test_split
     from torch.utils.data import DataLoader, TensorDataset
 
+    import mlflow_hvd
     from mlflow_hvd.data import Shard
+    from mlflow_hvd.torch import restore_checkpoint_files, save_checkpoint_files
 
+    # the process group first, from the torchrun variables (Lightning's DDP takes a group
+    # that exists): the checkpoint to resume from reaches every rank over it
+    torch.distributed.init_process_group("gloo")
+    ckpt_path, start_epoch = restore_checkpoint_files()  # None on a first attempt
     pl.seed_everything(seed, workers=True)  # the same initial weights on every rank
     x_all, y_all, x_test, y_test = digits_keras.load_data(seed)
     x_train, x_val, y_train, y_val = train_test_split(
@@ -122,6 +137,19 @@ def train(
     else:
         raise ValueError(f"logger must be 'autolog' or 'mlflow', got {logger!r}")
 
+    checkpoints = tempfile.mkdtemp(prefix="lightning-ckpt-")  # this host's own disk
+
+    class ToTheRun(pl.Callback):
+        """Lightning's checkpoint of each epoch, into the job's run."""
+
+        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+            path = os.path.join(checkpoints, f"epoch={trainer.current_epoch}.ckpt")
+            trainer.save_checkpoint(path)  # every rank calls it; rank 0 writes
+            save_checkpoint_files(path, trainer.current_epoch, trainer.global_step)
+            if (fail_first_attempt and mlflow_hvd.attempt() == 0
+                    and trainer.global_rank == 1):
+                raise RuntimeError("rank 1 fails after the first epoch's checkpoint")
+
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),  # this node's processes
@@ -133,9 +161,11 @@ def train(
         enable_progress_bar=False,
         enable_model_summary=False,
         deterministic=True,
+        callbacks=[ToTheRun()] if logger == "mlflow" else [],
     )
     module = build_module(learning_rate)
-    trainer.fit(module, train_loader, loader(x_val, y_val, shuffle=False))
+    trainer.fit(module, train_loader, loader(x_val, y_val, shuffle=False),
+                ckpt_path=ckpt_path)
     weights = float(torch.cat([p.detach().flatten() for p in module.parameters()]).sum())
     every_rank: list[Any] = [None] * trainer.world_size  # Lightning keeps the group up
     torch.distributed.all_gather_object(every_rank, weights)
@@ -158,4 +188,6 @@ def train(
         "num_nodes": trainer.num_nodes,
         "world_size": trainer.world_size,
         "global_rank": trainer.global_rank,
+        "start_epoch": start_epoch,
+        "attempt": mlflow_hvd.attempt(),
     }

@@ -14,7 +14,7 @@ import digits_to_parquet
 import mlflow
 import pytest
 
-from mlflow_hvd import HorovodRunner, TorchDistributor
+from mlflow_hvd import HorovodRunner, JobConfig, TorchDistributor
 
 
 def _metric_steps(client: Any, run_id: str, key: str) -> list[int]:
@@ -58,14 +58,22 @@ def test_lightning_in_databricks_torchdistributor_form_logs_through_mlflowlogger
     """TorchDistributor(num_processes=2, local_mode=False, use_gpu=False): every task a
     node of one process, so the Trainer is Databricks' ``devices=1, num_nodes=2``
     (Lightning indexes its devices by LOCAL_RANK); Lightning's ``MLFlowLogger()`` writes
-    its hyperparameters and metrics into the job's run."""
-    distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-    out = distributor.run(digits_lightning.train, 2, logger="mlflow")
+    its hyperparameters and metrics into the job's run. With ``max_failures=1``, rank 1
+    fails after the first epoch's checkpoint (Lightning's, put into the run): the retry's
+    ``fit(ckpt_path=...)`` resumes at the second epoch, each epoch's metrics once."""
+    distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                                   job=JobConfig(max_failures=1))
+    out = distributor.run(digits_lightning.train, 2, logger="mlflow", fail_first_attempt=True)
     assert (out["devices"], out["num_nodes"]) == (1, 2)
     assert len(set(out["weights"])) == 1, out["weights"]
+    # rank 1 failed after epoch 0's checkpoint: the retry resumed from it (ckpt_path)
+    assert (out["attempt"], out["start_epoch"]) == (1, 1), out
     client = mlflow.MlflowClient()
     run = client.get_run(distributor.runner.last_run_id)
     assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow_hvd.resumed_from"] == f"{run.info.run_id}@epoch_0"
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/epoch_1")
+            if a.path.endswith(".ckpt")] == ["checkpoints/epoch_1/epoch=1.ckpt"]
     assert run.data.params["learning_rate"] == "0.001"  # the module's save_hyperparameters
     val_steps = _metric_steps(client, run.info.run_id, "val_loss")
     assert len(val_steps) == 2 and val_steps == sorted(set(val_steps))  # one per epoch

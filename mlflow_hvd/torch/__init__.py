@@ -14,6 +14,9 @@ as PyTorch documents it. What both leave to the user, this module does for MLflo
   (``HorovodRunner(job=JobConfig(max_failures=...))``), rank 0 loads the run's latest
   checkpoint and every rank learns the epoch to continue from (Horovod's broadcasts then give
   every rank rank 0's state; under torch.distributed every rank is given it);
+* :func:`save_checkpoint_files` and :func:`restore_checkpoint_files` - a framework's own
+  checkpoint (Lightning's ``.ckpt``, Hugging Face ``Trainer``'s directory) into the job's
+  run, and back on every rank of a retried attempt (:mod:`.files`);
 * :func:`log_model` - ``mlflow.pytorch.log_model`` of the trained module into the job's
   run, loadable by another process (the module's class travels by value when it is the
   training code's own, not an installed package's);
@@ -38,8 +41,10 @@ from mlflow_hvd.rank.tracking import api as tracking_api
 from mlflow_hvd.rank.tracking import checkpoints, requirements
 from mlflow_hvd.torch import sharded as sharded_files
 from mlflow_hvd.torch import state, world
+from mlflow_hvd.torch.files import restore_checkpoint_files, save_checkpoint_files
 
-__all__ = ["log_model", "restore_from_checkpoint", "save_checkpoint", "scale_learning_rate"]
+__all__ = ["log_model", "restore_checkpoint_files", "restore_from_checkpoint", "save_checkpoint",
+           "save_checkpoint_files", "scale_learning_rate"]
 
 CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "global_step")
 

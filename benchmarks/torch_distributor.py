@@ -32,10 +32,17 @@ the warm arm's ranks keep 2 while the other arms run on the other 2).
    ``MALLOC_MMAP_THRESHOLD_=1048576``, so that freed buffers go back and a peak is what the
    call allocated), and the call's seconds.
 
+5. **PyTorch Lightning**: ``Trainer(devices=1, num_nodes=2, strategy="ddp")`` as
+   Databricks' TorchDistributor page writes it, training the MLP above, under pyspark's
+   ``TorchDistributor`` and this package's (tracking off, as pyspark has none): launch
+   (``run()`` to the first training step) and rank 0's steps/s over ``--steps`` steps
+   after 20.
+
 Arms alternate every round; prints min/median/max per arm and the ratios of medians.
 
     .venv/bin/python benchmarks/torch_distributor.py [--rounds 4] [--steps 150] [--part all]
-                                                     [--layers 8]
+                                                     [--layers 8] (parts: launch, throughput,
+                                                     memory, checkpoints, lightning)
                                                      [--arm cycle=2 --arm groups=1 ...]
 """
 
@@ -136,6 +143,56 @@ def hvd_train(steps: int, groups: int = 0) -> float:
                                          groups=groups or None)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     return _timed_steps(model, optimizer, steps)
+
+
+def lightning_train(steps: int) -> tuple[float, float, float]:
+    """PyTorch Lightning's DDP as Databricks' TorchDistributor page writes it
+    (``devices=1, num_nodes=2``): the MLP on one fixed batch, ``steps`` timed steps after
+    20. Returns when the function started and when its first training step did (epoch
+    seconds), and rank 0's steps/s."""
+    import time
+
+    started = time.time()
+    import pytorch_lightning as pl
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(1)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _mlp()
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    marks: dict[str, float] = {}
+
+    class Clock(pl.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any,
+                                 index: int) -> None:
+            if index == 0:
+                marks["first"] = time.time()
+            elif index == 20:
+                marks["t0"] = time.perf_counter()
+
+        def on_train_end(self, trainer: Any, module: Any) -> None:
+            marks["t1"] = time.perf_counter()
+
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x.repeat(20 + steps, 1), y.repeat(20 + steps)),
+        batch_size=64)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp",
+                         max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         use_distributed_sampler=False, callbacks=[Clock()])
+    trainer.fit(Module(), data)
+    return started, marks["first"], steps / (marks["t1"] - marks["t0"])
 
 
 def _resident_mb(field: str) -> float:
@@ -366,6 +423,42 @@ def throughput(spark: Any, rounds: int, steps: int, specs: list[str]) -> None:
                   f"{med[name] / med['DDP under TorchDistributor']:.2f}")
 
 
+def lightning(spark: Any, rounds: int, steps: int) -> None:
+    """The same Lightning function under pyspark's TorchDistributor and this package's:
+    launch (``run()`` to the first training step) and steps/s."""
+    from pyspark.ml.torch.distributor import TorchDistributor as PysparkDistributor
+
+    from mlflow_hvd import TorchDistributor, TrackingConfig
+
+    def timed(distributor: Any) -> tuple[float, float]:
+        t0 = time.time()
+        started, first, rate = distributor.run(lightning_train, steps)
+        return first - t0, rate
+
+    arms = {
+        "pyspark TorchDistributor": lambda: timed(PysparkDistributor(
+            num_processes=2, local_mode=False, use_gpu=False)),
+        "mlflow_hvd TorchDistributor": lambda: timed(TorchDistributor(
+            num_processes=2, local_mode=False, use_gpu=False,
+            tracking=TrackingConfig(track=False))),
+    }
+    results = alternate(arms, rounds)
+    print(f"lightning: Trainer(devices=1, num_nodes=2, strategy='ddp'), MLP 256-512-512-10, "
+          f"batch 64, 1 thread per rank, {steps} steps after 20, {rounds} rounds after a "
+          "warm-up, arms rotated")
+    for name, values in results.items():
+        print(summary(f"{name} launch", [v[0] for v in values], "s"))
+        print(summary(f"{name} steps/s", [v[1] for v in values], "steps/s"))
+    ours = results["mlflow_hvd TorchDistributor"]
+    theirs = results["pyspark TorchDistributor"]
+    launch_ratio = (statistics.median(v[0] for v in ours)
+                    / statistics.median(v[0] for v in theirs))
+    rate_ratio = (statistics.median(v[1] for v in ours)
+                  / statistics.median(v[1] for v in theirs))
+    print(f"mlflow_hvd / pyspark (medians): launch {launch_ratio:.2f} (goal <= 0.25), "
+          f"steps/s {rate_ratio:.2f} (goal >= 0.98)")
+
+
 THRESHOLD = "MALLOC_MMAP_THRESHOLD_"
 
 
@@ -469,7 +562,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--part", choices=("all", "launch", "throughput", "memory",
-                                           "checkpoints"),
+                                           "checkpoints", "lightning"),
                         default="all")
     parser.add_argument("--layers", type=int, default=8,
                         help="Linear(2048, 2048) layers of part 3's model (16.8 MB each)")
@@ -498,6 +591,8 @@ def main() -> None:
             memory(args.rounds, args.layers)
         if args.part in ("all", "checkpoints"):
             checkpoints(args.rounds, args.layers)
+        if args.part in ("all", "lightning"):
+            lightning(spark, args.rounds, args.steps)
     finally:
         spark.stop()
 

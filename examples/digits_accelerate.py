@@ -32,12 +32,14 @@ def train(
     seed: int = 0,
     data: Any = "digits",
     experiment: str = "digits",
+    run_params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fit an MLP on this process's part of the data; returns the main process's test
     metrics and every process's weight sum (equal: DDP keeps them so).
 
     ``experiment``: the name Accelerate's tracker is given (``init_trackers``); its run is
-    the job's (``MLFLOW_RUN_ID``)."""
+    the job's (``MLFLOW_RUN_ID``). ``run_params`` (what ``mlflow run``'s entry point
+    passes) join the config the tracker logs."""
     import torch
     import torch.nn.functional as F
     from accelerate import Accelerator
@@ -49,7 +51,7 @@ def train(
     accelerator = Accelerator(log_with="mlflow", cpu=not torch.cuda.is_available())
     set_seed(seed)  # the same initial weights on every process
     config = {"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
-              "processes": accelerator.num_processes}
+              "processes": accelerator.num_processes, **(run_params or {})}
     accelerator.init_trackers(experiment, config=config)  # params: the main process's
 
     x_train, y_train, x_test, y_test = digits_keras.load_data(seed)

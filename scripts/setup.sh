@@ -86,6 +86,15 @@ fi
   "${UV_ARGS[@]}" \
   -r "$ROOT/requirements/lock-py3.11.txt" -r "$ROOT/requirements/lock-dev-py3.11.txt"
 "$PY" -m pip install --quiet --no-deps -e "$ROOT"
+# pyspark comes as an sdist, which uv builds again whenever it refreshes its cached copy,
+# each build giving the jars new times. Spark's class-data archive (below) names and fits
+# one set of jar paths, sizes and times: one fixed time keeps this venv's archive across
+# such rebuilds (a new one takes 2-4 min to build)
+"$PY" - <<'PYEOF'
+import os, pathlib, pyspark
+for jar in (pathlib.Path(pyspark.__file__).parent / "jars").glob("*.jar"):
+    os.utime(jar, (946684800, 946684800))  # 2000-01-01
+PYEOF
 # uv's cache grows with every install (24 GB seen on a machine that had run many locks):
 # its dangling entries go (on a new machine, 478 MiB of build environments of the sdists it
 # compiled); the wheels this lock installed stay, so the next clone installs in seconds.

@@ -86,3 +86,25 @@ def test_an_accelerate_loop_trains_on_spark_ranks_from_a_dataframe(
     assert run.data.tags["mlflow_hvd.data.data.rows_per_rank"]  # the DataFrame was sharded
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert [r.info.run_id for r in runs] == [run.info.run_id]  # the tracker's is the job's
+
+
+@pytest.mark.slow
+def test_mlflow_run_trains_the_accelerate_example(tmp_path: Path) -> None:
+    """`mlflow run . -P np=-2 -P train=examples/digits_accelerate.py:train`: the project's
+    entry point runs a framework's loop as it runs its own examples; the entry point's
+    parameters join Accelerate's config in the one run."""
+    from conftest import REPO
+    from test_project import _mlflow_run, _only_run
+
+    uri = f"sqlite:///{tmp_path}/accelerate.db"
+    proc = _mlflow_run(REPO, tmp_path, uri, "np=-2", "epochs=2",
+                       "train=examples/digits_accelerate.py:train")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "test accuracy" in proc.stdout
+    run = _only_run(uri)
+    assert run.info.status == "FINISHED"
+    assert (run.data.params["processes"], run.data.params["np"]) == ("2", "-2")
+    assert run.data.params["data"] == "digits"
+    client = mlflow.MlflowClient(uri)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]
+    assert run.data.tags["mlflow_hvd.backend"] == "local"

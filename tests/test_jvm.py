@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,11 @@ def test_the_archive_name_follows_the_spark_jars_and_the_java(tmp_path: Path) ->
     assert first == jvm.archive_path(env)  # stable
     (jars / "spark-core.jar").write_bytes(b"22")  # an upgraded jar: a new archive
     assert jvm.archive_path(env) not in (None, first)
+    # the same jars elsewhere (another venv's pyspark): another class path, another archive
+    other = tmp_path / "other" / "jars"
+    shutil.copytree(jars, other)  # copy2: the same names, sizes and times
+    moved = jvm.archive_path(_env(tmp_path, SPARK_HOME=str(tmp_path / "other")))
+    assert moved not in (None, jvm.archive_path(env))
     assert jvm.archive_path({**env, "JAVA_HOME": str(tmp_path / "no-jdk")}) is None
 
 

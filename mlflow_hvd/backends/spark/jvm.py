@@ -78,7 +78,9 @@ def archive_path(env: Mapping[str, str] = os.environ) -> Path | None:
     if java is None or not jars.is_dir():
         return None
     real_java = os.path.realpath(java)
-    digest = hashlib.sha256(f"{WORKLOAD}\n{real_java}".encode())
+    # the JVM uses an archive only on the class path it was built with (the jars' paths,
+    # sizes and times): another pyspark install is another archive
+    digest = hashlib.sha256(f"{WORKLOAD}\n{real_java}\n{os.path.realpath(jars)}".encode())
     release = Path(real_java).parents[1] / "release"  # the JDK's build identity
     digest.update(release.read_bytes() if release.is_file() else str(os.stat(real_java)).encode())
     for entry in sorted(os.scandir(jars), key=lambda e: e.name):

@@ -430,10 +430,12 @@ def lightning(spark: Any, rounds: int, steps: int) -> None:
 
     from mlflow_hvd import TorchDistributor, TrackingConfig
 
-    def timed(distributor: Any) -> tuple[float, float]:
+    def timed(distributor: Any) -> tuple[float, float, float]:
         t0 = time.time()
         started, first, rate = distributor.run(lightning_train, steps)
-        return first - t0, rate
+        # the launcher's part (run() to the function) and the whole launch (to the first
+        # training step: the function's imports and Trainer's set-up, the same in both)
+        return started - t0, first - t0, rate
 
     arms = {
         "pyspark TorchDistributor": lambda: timed(PysparkDistributor(
@@ -447,16 +449,16 @@ def lightning(spark: Any, rounds: int, steps: int) -> None:
           f"batch 64, 1 thread per rank, {steps} steps after 20, {rounds} rounds after a "
           "warm-up, arms rotated")
     for name, values in results.items():
-        print(summary(f"{name} launch", [v[0] for v in values], "s"))
-        print(summary(f"{name} steps/s", [v[1] for v in values], "steps/s"))
+        print(summary(f"{name} run() to the function", [v[0] for v in values], "s"))
+        print(summary(f"{name} run() to step 1", [v[1] for v in values], "s"))
+        print(summary(f"{name} steps/s", [v[2] for v in values], "steps/s"))
     ours = results["mlflow_hvd TorchDistributor"]
     theirs = results["pyspark TorchDistributor"]
-    launch_ratio = (statistics.median(v[0] for v in ours)
-                    / statistics.median(v[0] for v in theirs))
-    rate_ratio = (statistics.median(v[1] for v in ours)
-                  / statistics.median(v[1] for v in theirs))
-    print(f"mlflow_hvd / pyspark (medians): launch {launch_ratio:.2f} (goal <= 0.25), "
-          f"steps/s {rate_ratio:.2f} (goal >= 0.98)")
+    ratios = [statistics.median(v[i] for v in ours) / statistics.median(v[i] for v in theirs)
+              for i in range(3)]
+    print(f"mlflow_hvd / pyspark (medians): run() to the function {ratios[0]:.2f}, run() to "
+          f"the first step {ratios[1]:.2f} (goal <= 0.25), steps/s {ratios[2]:.2f} "
+          "(goal >= 0.98)")
 
 
 THRESHOLD = "MALLOC_MMAP_THRESHOLD_"

@@ -172,8 +172,8 @@ background_wait() {
 # machine three Horovod builds would otherwise share the cores equally, and the main one
 # holds up every tier), then its tests run beside the static and fast
 # tiers (its own interpreter, Spark sessions and servers; its rank checks see only its own
-# interpreter's ranks). The old end also uses the namespace cluster, so the cluster tier waits
-# for it. Its wall time here is the wait; the time its tests took is printed below it.
+# interpreter's ranks). The cluster tier waits for it (the cores). Its wall time here is the
+# wait; the time its tests took is printed below it.
 declare -A END_PID=()
 start_end() {  # start_end END [--after FILE]: its tests wait for FILE
   local end="$1" name="$1-end"
@@ -220,9 +220,9 @@ if [ "${1:-}" = "--tier" ]; then
     static) static || rc=$? ;;
     beside) pytest_tier beside "beside" || rc=$? ;;
     cluster)
-      # after the tiers it must not share the namespace cluster or the cores with: the old
-      # end's tests (they use the namespace cluster) and the beside tier (its fresh venv and
-      # JVM take a core of their own); their processes are named by AFTER_PIDS
+      # after the tiers it must not share the cores with: the old end's tests and the
+      # beside tier (its fresh venv and JVM take a core of their own); their processes are
+      # named by AFTER_PIDS
       for pid in ${AFTER_PIDS:-}; do
         while running "$pid"; do sleep 2; done
       done
@@ -239,9 +239,8 @@ rm -f "$DISK_LOG"
 disk_watch > "$DISK_LOG" 2>/dev/null &
 DISK_PID=$!
 
-# the old end's tests run from the start (they use the namespace cluster, so the cluster
-# tier waits for them); the new end's wait for the main tier's end, and run beside the
-# cluster tier's tail
+# the old end's tests run from the start (the cluster tier waits for them); the new end's
+# wait for the main tier's end, and run beside the cluster tier's tail
 NEW_END_GO="$LOGS/new-end.go"
 rm -f "$NEW_END_GO"
 wants old-end && start_end old
@@ -284,8 +283,8 @@ if wants beside; then
   BESIDE_PID=$BG_PID
   echo "beside: its tests run in the background (log: $LOGS/beside.log)"
 fi
-# the cluster tier beside the main tier, once the old end's tests (which use the namespace
-# cluster) and the beside tier are done: each tier alone left a fifth of the two cores idle
+# the cluster tier beside the main tier, once the old end's tests and the beside tier are
+# done: each tier alone left a fifth of the two cores idle
 # (ranks waiting on collectives, servers, JVMs starting); their tests keep to their own
 # processes (tests/conftest.py's session mark), ports and, for the cluster, network
 # namespaces

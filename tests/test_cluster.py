@@ -245,7 +245,6 @@ def test_gpus_spark_assigns_on_each_host_are_what_the_ranks_see(batch: Batch) ->
             assert visible[int(view["HOROVOD_LOCAL_RANK"])] == view["MLFLOW_HVD_TASK_DEVICES"]
 
 
-@pytest.mark.old_end
 def test_four_ranks_on_two_hosts_get_horovodrun_s_layout_and_train_on_a_dataframe(
         cluster: Cluster, client: Any, tmp_path: Path) -> None:
     """One driver program, two jobs: horovodrun's layout (and rank 0's timeline through the

@@ -83,7 +83,10 @@ def archive_path(env: Mapping[str, str] = os.environ) -> Path | None:
     digest = hashlib.sha256(f"{WORKLOAD}\n{real_java}\n{os.path.realpath(jars)}".encode())
     release = Path(real_java).parents[1] / "release"  # the JDK's build identity
     digest.update(release.read_bytes() if release.is_file() else str(os.stat(real_java)).encode())
+    # the class path is the directory's jars (``jars/*``): subdirectories are not on it
     for entry in sorted(os.scandir(jars), key=lambda e: e.name):
+        if not (entry.is_file() and entry.name.endswith(".jar")):
+            continue
         info = entry.stat()
         digest.update(f"{entry.name}:{info.st_size}:{info.st_mtime_ns}\n".encode())
     return cache_dir(env) / f"spark-driver-{digest.hexdigest()[:16]}.jsa"

@@ -59,18 +59,28 @@ def save_checkpoint_files(path: str, epoch: int, global_step: int,
     gather = is_dir and ranks.kind == "torch.distributed" and ranks.size > 1
     if gather and not os.path.isdir(path):
         os.makedirs(path, exist_ok=True)  # this rank wrote nothing there: it sends nothing
-    with scratch.owned_dir("nothing") as empty:
-        source = _own_source(path, empty) if gather else path
-        _save(ranks, path, source, name, is_dir, gather, epoch, global_step, metrics or {},
-              log_metrics, epochs)
+    shared = gather and _shared_with_a_lower_rank(path)  # a collective
+    if ranks.rank == 0:
+        if not is_dir:
+            checkpoints.save_with(lambda dst: shutil.copyfile(path, dst), name, epoch,
+                                  global_step, metrics or {}, log_metrics, epochs)
+        else:
+            checkpoints.save_files(
+                lambda upload: sharded_files.to_rank0(path, upload) if gather
+                else _each_file(path, upload),
+                name, epoch, global_step, metrics or {}, log_metrics, epochs)
+    elif shared:  # its files go with the lower rank's: it sends an empty directory
+        with scratch.owned_dir("nothing") as empty:
+            sharded_files.to_rank0(empty, None)
+    elif gather:
+        sharded_files.to_rank0(path, None)
     if ranks.size > 1:
         ranks.broadcast(None)  # rank 0 queued the commit: a failure from here resumes here
 
 
-def _own_source(path: str, empty: str) -> str:
-    """What this rank sends of the directory ``path``: its files, or none (``empty``) when
-    a lower rank has the same directory (ranks on one host given one output directory:
-    its files go once)."""
+def _shared_with_a_lower_rank(path: str) -> bool:
+    """Whether a lower rank has the same directory ``path`` (ranks on one host given one
+    output directory: its files go once). Every rank calls it."""
     import socket
 
     import torch.distributed as dist
@@ -78,24 +88,7 @@ def _own_source(path: str, empty: str) -> str:
     where = (socket.gethostname(), os.path.realpath(path))
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, where)
-    return empty if where in every[:dist.get_rank()] else path
-
-
-def _save(ranks: world.World, path: str, source: str, name: str, is_dir: bool, gather: bool,
-          epoch: int, global_step: int, metrics: dict[str, float], log_metrics: bool,
-          epochs: int | None) -> None:
-    if ranks.rank == 0:
-        if not is_dir:
-            checkpoints.save_with(lambda dst: shutil.copyfile(path, dst), name, epoch,
-                                  global_step, metrics, log_metrics, epochs)
-        elif gather:
-            checkpoints.save_files(lambda upload: sharded_files.to_rank0(path, upload), name,
-                                   epoch, global_step, metrics, log_metrics, epochs)
-        else:
-            checkpoints.save_files(lambda upload: _each_file(path, upload), name, epoch,
-                                   global_step, metrics, log_metrics, epochs)
-    elif gather:
-        sharded_files.to_rank0(source, None)
+    return where in every[:dist.get_rank()]
 
 
 def _each_file(directory: str, upload: Any) -> None:

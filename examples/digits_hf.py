@@ -83,56 +83,58 @@ def train(
     import mlflow_hvd
     from mlflow_hvd.torch import restore_checkpoint_files, save_checkpoint_files
 
-    x_train, y_train, x_test, y_test = digits_keras.load_data(seed)
-    args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf-"),  # this host's own disk
-        num_train_epochs=epochs,
-        per_device_train_batch_size=batch_size,  # per process, as Trainer documents it
-        per_device_eval_batch_size=128,
-        learning_rate=learning_rate,
-        eval_strategy="epoch",
-        save_strategy="epoch",
-        logging_strategy="epoch",
-        report_to=["mlflow"],
-        seed=seed,
-        use_cpu=not torch.cuda.is_available(),
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
+    # Trainer's checkpoints on this host's own disk, removed when the function returns
+    with tempfile.TemporaryDirectory(prefix="hf-") as scratch:
+        x_train, y_train, x_test, y_test = digits_keras.load_data(seed)
+        args = TrainingArguments(
+            output_dir=scratch,  # this host's own disk
+            num_train_epochs=epochs,
+            per_device_train_batch_size=batch_size,  # per process, as Trainer documents it
+            per_device_eval_batch_size=128,
+            learning_rate=learning_rate,
+            eval_strategy="epoch",
+            save_strategy="epoch",
+            logging_strategy="epoch",
+            report_to=["mlflow"],
+            seed=seed,
+            use_cpu=not torch.cuda.is_available(),
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
 
-    class ToTheRun(TrainerCallback):
-        """Each checkpoint Trainer saved, into the job's run (rank 0 uploads it)."""
+        class ToTheRun(TrainerCallback):
+            """Each checkpoint Trainer saved, into the job's run (rank 0 uploads it)."""
 
-        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            epoch = round(state.epoch) - 1
-            path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            save_checkpoint_files(path, epoch, state.global_step)
-            # to show the resume: rank 1 fails once, after the first checkpoint
-            if (fail_first_attempt and epoch == 0 and mlflow_hvd.attempt() == 0
-                    and int(os.environ["RANK"]) == 1):
-                raise RuntimeError("rank 1 fails after the first epoch's checkpoint")
+            def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                epoch = round(state.epoch) - 1
+                path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+                save_checkpoint_files(path, epoch, state.global_step)
+                # to show the resume: rank 1 fails once, after the first checkpoint
+                if (fail_first_attempt and epoch == 0 and mlflow_hvd.attempt() == 0
+                        and int(os.environ["RANK"]) == 1):
+                    raise RuntimeError("rank 1 fails after the first epoch's checkpoint")
 
-    def accuracy(predicted: Any) -> dict[str, float]:
-        return {"accuracy": float(np.mean(predicted.predictions.argmax(-1)
-                                          == predicted.label_ids))}
+        def accuracy(predicted: Any) -> dict[str, float]:
+            return {"accuracy": float(np.mean(predicted.predictions.argmax(-1)
+                                              == predicted.label_ids))}
 
-    model = build_model(seed=seed)
-    trainer = Trainer(model=model, args=args, train_dataset=to_sequences(x_train, y_train),
-                      eval_dataset=to_sequences(x_test, y_test), compute_metrics=accuracy,
-                      callbacks=[ToTheRun()])
-    # a retried attempt: every rank gets the run's latest checkpoint directory (None first)
-    resume, start = restore_checkpoint_files()
-    trainer.train(resume_from_checkpoint=resume)
-    final = [e for e in trainer.state.log_history if "eval_loss" in e][-1]  # the last epoch's
-    weights = float(sum(p.detach().double().sum() for p in trainer.model.parameters()))
-    every_rank: list[Any] = [None] * args.world_size
-    torch.distributed.all_gather_object(every_rank, weights)
-    return {
-        "eval_loss": float(final["eval_loss"]),
-        "eval_accuracy": float(final["eval_accuracy"]),
-        "start_epoch": start,
-        "attempt": mlflow_hvd.attempt(),
-        "weights": every_rank,
-        "world_size": args.world_size,
-    }
+        model = build_model(seed=seed)
+        trainer = Trainer(model=model, args=args, train_dataset=to_sequences(x_train, y_train),
+                          eval_dataset=to_sequences(x_test, y_test), compute_metrics=accuracy,
+                          callbacks=[ToTheRun()])
+        # a retried attempt: every rank gets the run's latest checkpoint directory (None first)
+        resume, start = restore_checkpoint_files()
+        trainer.train(resume_from_checkpoint=resume)
+        final = [e for e in trainer.state.log_history if "eval_loss" in e][-1]  # the last epoch's
+        weights = float(sum(p.detach().double().sum() for p in trainer.model.parameters()))
+        every_rank: list[Any] = [None] * args.world_size
+        torch.distributed.all_gather_object(every_rank, weights)
+        return {
+            "eval_loss": float(final["eval_loss"]),
+            "eval_accuracy": float(final["eval_accuracy"]),
+            "start_epoch": start,
+            "attempt": mlflow_hvd.attempt(),
+            "weights": every_rank,
+            "world_size": args.world_size,
+        }
 

@@ -137,57 +137,59 @@ def train(
     else:
         raise ValueError(f"logger must be 'autolog' or 'mlflow', got {logger!r}")
 
-    checkpoints = tempfile.mkdtemp(prefix="lightning-ckpt-")  # this host's own disk
+    # Lightning's files on this host's own disk, removed when the function returns
+    with tempfile.TemporaryDirectory(prefix="lightning-") as scratch:
+        checkpoints = os.path.join(scratch, "checkpoints")
 
-    class ToTheRun(pl.Callback):
-        """Lightning's checkpoint of each epoch, into the job's run."""
+        class ToTheRun(pl.Callback):
+            """Lightning's checkpoint of each epoch, into the job's run."""
 
-        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
-            path = os.path.join(checkpoints, f"epoch={trainer.current_epoch}.ckpt")
-            trainer.save_checkpoint(path)  # every rank calls it; rank 0 writes
-            save_checkpoint_files(path, trainer.current_epoch, trainer.global_step)
-            if (fail_first_attempt and mlflow_hvd.attempt() == 0
-                    and trainer.global_rank == 1):
-                raise RuntimeError("rank 1 fails after the first epoch's checkpoint")
+            def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+                path = os.path.join(checkpoints, f"epoch={trainer.current_epoch}.ckpt")
+                trainer.save_checkpoint(path)  # every rank calls it; rank 0 writes
+                save_checkpoint_files(path, trainer.current_epoch, trainer.global_step)
+                if (fail_first_attempt and mlflow_hvd.attempt() == 0
+                        and trainer.global_rank == 1):
+                    raise RuntimeError("rank 1 fails after the first epoch's checkpoint")
 
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=int(os.environ["LOCAL_WORLD_SIZE"]),  # this node's processes
-        num_nodes=int(os.environ["GROUP_WORLD_SIZE"]),
-        strategy="ddp",
-        max_epochs=epochs,
-        logger=lightning_logger,
-        default_root_dir=tempfile.mkdtemp(prefix="lightning-"),  # this host's own disk
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        deterministic=True,
-        callbacks=[ToTheRun()] if logger == "mlflow" else [],
-    )
-    module = build_module(learning_rate)
-    trainer.fit(module, train_loader, loader(x_val, y_val, shuffle=False),
-                ckpt_path=ckpt_path)
-    weights = float(torch.cat([p.detach().flatten() for p in module.parameters()]).sum())
-    every_rank: list[Any] = [None] * trainer.world_size  # Lightning keeps the group up
-    torch.distributed.all_gather_object(every_rank, weights)
-    module.eval()
-    with torch.no_grad():  # the held-out test set, on each rank's (equal) copy of the model
-        logits = module(torch.from_numpy(x_test.reshape(len(x_test), 64)))
-        labels = torch.from_numpy(y_test).long()
-        test = {"test_loss": float(torch.nn.functional.cross_entropy(logits, labels)),
-                "test_accuracy": float((logits.argmax(dim=1) == labels).float().mean())}
-    if lightning_logger:  # rank 0 logs (MLFlowLogger's methods run on rank 0 only)
-        lightning_logger.log_metrics(test, step=trainer.global_step)
-    else:
-        mlflow.log_metrics(test, step=epochs - 1)  # other ranks' writes go nowhere
-    return {
-        **test,
-        "val_loss": float(trainer.callback_metrics["val_loss"]),
-        "val_accuracy": float(trainer.callback_metrics["val_accuracy"]),
-        "weights": every_rank,
-        "devices": trainer.num_devices,
-        "num_nodes": trainer.num_nodes,
-        "world_size": trainer.world_size,
-        "global_rank": trainer.global_rank,
-        "start_epoch": start_epoch,
-        "attempt": mlflow_hvd.attempt(),
-    }
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=int(os.environ["LOCAL_WORLD_SIZE"]),  # this node's processes
+            num_nodes=int(os.environ["GROUP_WORLD_SIZE"]),
+            strategy="ddp",
+            max_epochs=epochs,
+            logger=lightning_logger,
+            default_root_dir=scratch,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            deterministic=True,
+            callbacks=[ToTheRun()] if logger == "mlflow" else [],
+        )
+        module = build_module(learning_rate)
+        trainer.fit(module, train_loader, loader(x_val, y_val, shuffle=False),
+                    ckpt_path=ckpt_path)
+        weights = float(torch.cat([p.detach().flatten() for p in module.parameters()]).sum())
+        every_rank: list[Any] = [None] * trainer.world_size  # Lightning keeps the group up
+        torch.distributed.all_gather_object(every_rank, weights)
+        module.eval()
+        with torch.no_grad():  # the held-out test set, on each rank's (equal) copy of the model
+            logits = module(torch.from_numpy(x_test.reshape(len(x_test), 64)))
+            labels = torch.from_numpy(y_test).long()
+            test = {"test_loss": float(torch.nn.functional.cross_entropy(logits, labels)),
+                    "test_accuracy": float((logits.argmax(dim=1) == labels).float().mean())}
+        if lightning_logger:  # rank 0 logs (MLFlowLogger's methods run on rank 0 only)
+            lightning_logger.log_metrics(test, step=trainer.global_step)
+        else:
+            mlflow.log_metrics(test, step=epochs - 1)  # other ranks' writes go nowhere
+        return {
+            **test,
+            "val_loss": float(trainer.callback_metrics["val_loss"]),
+            "val_accuracy": float(trainer.callback_metrics["val_accuracy"]),
+            "weights": every_rank,
+            "devices": trainer.num_devices,
+            "num_nodes": trainer.num_nodes,
+            "world_size": trainer.world_size,
+            "global_rank": trainer.global_rank,
+            "start_epoch": start_epoch,
+            "attempt": mlflow_hvd.attempt(),
+        }

@@ -82,14 +82,36 @@ if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then
   for url in $PIP_EXTRA_INDEX_URL; do UV_ARGS+=(--extra-index-url "$url"); done
   UV_ARGS+=(--index-strategy unsafe-best-match)
 fi
+# pyspark comes as an sdist only, which uv built again whenever it refreshed its cached copy
+# (each CI run here: about 2 min of every setup). Its wheel is built once per sdist hash, by
+# pip from the hash-checked sdist, into the cache; the lock's pyspark line is replaced by that
+# wheel with the wheel's own hash.
+PYSPARK_REQ="$VENV/.pyspark-requirement.txt"
+awk '/^pyspark==/{f=1; print; next} f && /^    --hash/{print; next} f{exit}' \
+  "$ROOT/requirements/lock-py3.11.txt" > "$PYSPARK_REQ"
+PYSPARK_SDIST="$(sed -n 's/.*--hash=sha256:\([0-9a-f]*\).*/\1/p' "$PYSPARK_REQ" | head -n1)"
+[ -n "$PYSPARK_SDIST" ] || die "requirements/lock-py3.11.txt names no hashed pyspark"
+PYSPARK_WHEELS="$CACHE_ROOT/wheels/pyspark-$(head -n1 "$PYSPARK_REQ" | sed 's/^pyspark==\([^ ]*\).*/\1/')-${PYSPARK_SDIST:0:16}"
+if ! ls "$PYSPARK_WHEELS"/pyspark-*.whl >/dev/null 2>&1; then
+  mkdir -p "$CACHE_ROOT/wheels"
+  building="$(mktemp -d "$CACHE_ROOT/wheels/.pyspark-XXXXXX")"
+  "$PY" -m pip wheel --quiet --no-deps --require-hashes -r "$PYSPARK_REQ" -w "$building" \
+    || { rm -rf "$building"; die "building pyspark's wheel from its sdist failed (above)"; }
+  mv -T "$building" "$PYSPARK_WHEELS" 2>/dev/null || rm -rf "$building"  # another setup won
+fi
+PYSPARK_WHEEL="$(ls "$PYSPARK_WHEELS"/pyspark-*.whl | head -n1)"
+RUNTIME_REQ="$VENV/.runtime-requirements.txt"
+{ awk '/^pyspark==/{skip=1; next} skip && /^    /{next} {skip=0; print}' \
+    "$ROOT/requirements/lock-py3.11.txt"
+  echo "pyspark @ file://$PYSPARK_WHEEL --hash=sha256:$(sha256sum "$PYSPARK_WHEEL" | cut -d' ' -f1)"
+} > "$RUNTIME_REQ"
 "$VENV/bin/uv" pip install --quiet --python "$PY" --require-hashes --compile-bytecode \
   "${UV_ARGS[@]}" \
-  -r "$ROOT/requirements/lock-py3.11.txt" -r "$ROOT/requirements/lock-dev-py3.11.txt"
+  -r "$RUNTIME_REQ" -r "$ROOT/requirements/lock-dev-py3.11.txt"
 "$PY" -m pip install --quiet --no-deps -e "$ROOT"
-# pyspark comes as an sdist, which uv builds again whenever it refreshes its cached copy,
-# each build giving the jars new times. Spark's class-data archive (below) names and fits
-# one set of jar paths, sizes and times: one fixed time keeps this venv's archive across
-# such rebuilds (a new one takes 2-4 min to build)
+# Spark's class-data archive (below) names and fits one set of jar paths, sizes and times:
+# one fixed time for pyspark's jars keeps this venv's archive when pyspark is installed again
+# (a new archive takes 2-4 min to build)
 "$PY" - <<'PYEOF'
 import os, pathlib, pyspark
 for jar in (pathlib.Path(pyspark.__file__).parent / "jars").glob("*.jar"):

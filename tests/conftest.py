@@ -198,8 +198,10 @@ def store(tmp_path: Path) -> Iterator[str]:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     every = _TF_LOG.read_text().splitlines() if _TF_LOG.exists() else []
-    for name, lines in (("TensorFlow", [ln for ln in every if not ln.startswith("torch ")]),
-                        ("PyTorch", [ln for ln in every if ln.startswith("torch ")])):
+    kinds = (("PyTorch", "torch "), ("PyTorch Lightning", "lightning "))
+    tensorflow = [ln for ln in every if not ln.startswith(tuple(p for _, p in kinds))]
+    for name, lines in (("TensorFlow", tensorflow),
+                        *((n, [ln for ln in every if ln.startswith(p)]) for n, p in kinds)):
         ranks = sum("rank/worker.py" in line or "rank.worker" in line for line in lines)
         terminalreporter.write_line(
             f"{name} was imported by {len(lines)} processes of this session ({ranks} of them "
@@ -302,7 +304,8 @@ def _is_java(proc: psutil.Process) -> bool:
 def rank_imports() -> list[str]:
     """The audit log's lines of rank processes that imported TensorFlow or PyTorch."""
     every = _TF_LOG.read_text().splitlines() if _TF_LOG.exists() else []
-    return [ln for ln in every if "rank/worker.py" in ln or "rank.worker" in ln]
+    return [ln for ln in every if ("rank/worker.py" in ln or "rank.worker" in ln)
+            and not ln.startswith("lightning ")]
 
 
 def worker_processes() -> list[psutil.Process]:

@@ -1,5 +1,7 @@
 """Counts the processes of a test session that import TensorFlow (the suite's main cost),
-and those that import PyTorch.
+those that import PyTorch, and those that import PyTorch Lightning (MLflow's
+``mlflow.pytorch`` imports it whenever it is installed: seconds of every process that logs
+or loads a PyTorch model).
 
 ``tests/conftest.py`` puts this directory on ``PYTHONPATH`` and names a file in
 ``MLFLOW_HVD_TEST_TF_LOG``; every Python process started under the session (the pytest
@@ -16,10 +18,11 @@ _LOG = os.environ.get("MLFLOW_HVD_TEST_TF_LOG")
 
 
 class _FirstTensorFlowImport:
-    """Also counts ``torch`` (lines that start with ``torch``)."""
+    """Also counts ``torch`` and ``pytorch_lightning`` (lines that start with ``torch `` and
+    ``lightning ``)."""
 
     def __init__(self) -> None:
-        self.pending = {"tensorflow": "", "torch": "torch "}
+        self.pending = {"tensorflow": "", "torch": "torch ", "pytorch_lightning": "lightning "}
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if name not in self.pending or not _importing():

@@ -48,6 +48,9 @@ VARIABLES = {
                         "`~/.cache/mlflow_hvd`).",
     "MLFLOW_HVD_LOG_LEVEL": "The lifecycle log's level on the driver, the agents and the "
                             "ranks (`INFO`, `DEBUG`; unset: off).",
+    "MLFLOW_HVD_SNAPSHOT_DIR": "Where each host keeps a PyTorch loop's snapshots "
+                               "(`mlflow_hvd.torch.Snapshots`; a folder per MLflow run; "
+                               "default: the temporary directory's `mlflow-hvd-snapshots`).",
     "MLFLOW_HVD_PACK_COMPRESS_LEVEL": "gzip level of a packed environment (0-9; default 1).",
     "MLFLOW_HVD_SPARK_JAVA_OPTIONS": "Replaces the JVM options mlflow_hvd gives the driver "
                                      "Spark it starts (`spark.driver.defaultJavaOptions`: "

@@ -1887,3 +1887,41 @@ def torchrun_views() -> list[dict[str, str | None]]:
     dist.all_gather_object(everyone, mine)
     dist.destroy_process_group()
     return everyone
+
+
+def snapshot_round_trip(folder: str) -> dict[str, Any]:
+    """``horovod.torch``: snapshots every 2 steps of a replicated model (one file per host:
+    the local ranks share it), then the model and Adam's state perturbed and restored by a
+    second ``Snapshots``' ``resume()``, on every rank from the lowest rank holding it."""
+    import horovod.torch as hvd
+    import torch
+
+    from mlflow_hvd.torch import Snapshots
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    with Snapshots(model, optimizer, every=2, directory=folder) as snapshots:
+        for batch in range(5):
+            optimizer.zero_grad()
+            model(torch.ones(3, 4) * (hvd.rank() + 1)).sum().backward()
+            optimizer.step()
+            snapshots.step(0, batch)
+            if batch == 3:
+                snapshots.flush()
+                kept = [p.detach().clone() for p in model.parameters()]
+                draw = torch.rand(1)  # what the RNG gives after the snapshot of step 4
+        written = sorted(os.listdir(snapshots.directory or ""))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        position = Snapshots(model, optimizer, every=2, directory=folder).resume()
+        restored = all(torch.equal(p, k) for p, k in zip(model.parameters(), kept, strict=True))
+        again = torch.rand(1)
+        steps = int(optimizer.state_dict()["state"][0]["step"])
+    return {"position": [position.epoch, position.batch, position.source], "written": written,
+            "restored": hvd.allgather_object(restored), "rng": bool(torch.equal(draw, again)),
+            "adam_steps": steps, "left": sorted(os.listdir(folder))}

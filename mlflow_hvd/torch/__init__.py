@@ -17,6 +17,9 @@ as PyTorch documents it. What both leave to the user, this module does for MLflo
 * :func:`save_checkpoint_files` and :func:`restore_checkpoint_files` - a framework's own
   checkpoint (Lightning's ``.ckpt``, Hugging Face ``Trainer``'s directory) into the job's
   run, and back on every rank of a retried attempt (:mod:`.files`);
+* :class:`Snapshots` - the loop's state every N steps on the job's own hosts (never the
+  tracking server), and resume from the newest of them or the run's latest checkpoint,
+  mid-epoch included (:class:`Position`; :mod:`.snapshots`);
 * :func:`log_model` - ``mlflow.pytorch.log_model`` of the trained module into the job's
   run, loadable by another process (the module's class travels by value when it is the
   training code's own, not an installed package's);
@@ -42,9 +45,11 @@ from mlflow_hvd.rank.tracking import checkpoints, requirements
 from mlflow_hvd.torch import sharded as sharded_files
 from mlflow_hvd.torch import state, world
 from mlflow_hvd.torch.files import restore_checkpoint_files, save_checkpoint_files
+from mlflow_hvd.torch.snapshots import Position, Snapshots
 
-__all__ = ["log_model", "restore_checkpoint_files", "restore_from_checkpoint", "save_checkpoint",
-           "save_checkpoint_files", "scale_learning_rate"]
+__all__ = ["Position", "Snapshots", "log_model", "restore_checkpoint_files",
+           "restore_from_checkpoint", "save_checkpoint", "save_checkpoint_files",
+           "scale_learning_rate"]
 
 CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "global_step")
 

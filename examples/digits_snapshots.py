@@ -32,6 +32,7 @@ def train(
     seed: int = 0,
     snapshot_every: int = 10,
     kill_at_step: int | None = None,
+    log_every_n_steps: int = 0,
     data: str = "digits",
     run_params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -39,6 +40,8 @@ def train(
 
     ``kill_at_step``: on the job's first attempt, rank 1 (rank 0 when alone) is killed
     (SIGKILL) after that many steps, once the snapshots due by then are on disk.
+    ``log_every_n_steps`` > 0 logs ``step_loss`` every that many steps (step = the global
+    step): after a resume, the steps run again do not log their values twice.
     """
     import numpy as np
     import torch
@@ -90,6 +93,9 @@ def train(
                 optimizer.step()
                 total += torch.tensor([float(loss), 1.0])
                 snapshots.step(epoch, batch)
+                global_step = epoch * len(loader) + batch + 1
+                if log_every_n_steps and global_step % log_every_n_steps == 0:
+                    tracking.log_metric("step_loss", float(loss), step=global_step)
                 steps += 1
                 if (kill_at_step is not None and steps == kill_at_step
                         and mlflow_hvd.attempt() == 0 and rank == min(1, size - 1)):

@@ -22,24 +22,26 @@ def test_a_rank_killed_mid_epoch_resumes_from_the_newest_snapshot_as_if_never_ki
         store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capfd: pytest.CaptureFixture[str]) -> None:
     """Two jobs of the DDP example on the same two local ranks: one uninterrupted, one whose
-    rank 1 is SIGKILLed after 60 steps (epoch 1, batch 16; snapshots every 10 steps, the
-    last at step 60, epoch checkpoints in the run). The second attempt starts at batch 17
-    of epoch 1, trains only the steps left, logs each epoch's loss once, removes the
-    host's snapshots at the end, and ends with the uninterrupted job's parameters, bit for
-    bit on every rank (model, Adam's state, the sampler's position and the dropout RNG all
-    restored)."""
+    rank 1 is SIGKILLed after 67 steps (snapshots every 10 steps, the last at step 60:
+    epoch 1, batch 16; epoch checkpoints in the run; step_loss logged every 5 steps). The
+    second attempt starts at batch 17 of epoch 1, repeats 7 steps, logs each epoch's loss
+    and each step_loss once (step 65's value is the first attempt's, equal to the
+    uninterrupted job's), removes the host's snapshots at the end, and ends with the
+    uninterrupted job's parameters, bit for bit on every rank (model, Adam's state, the
+    sampler's position and the dropout RNG all restored)."""
     import digits_snapshots
 
     folder = tmp_path / "snapshots"
     monkeypatch.setenv("MLFLOW_HVD_SNAPSHOT_DIR", str(folder))
     with HorovodRunner(np=-2, job=JobConfig(max_failures=1, stop_grace=2)) as runner:
-        clean = runner.run(digits_snapshots.train, epochs=3)
+        clean = runner.run(digits_snapshots.train, epochs=3, log_every_n_steps=5)
         clean_run = str(runner.last_run_id)
-        killed = runner.run(digits_snapshots.train, epochs=3, kill_at_step=60)
+        killed = runner.run(digits_snapshots.train, epochs=3, kill_at_step=67,
+                            log_every_n_steps=5)
         killed_run = str(runner.last_run_id)
     assert (clean["resumed_from"], clean["steps"]) == ("start", 3 * BATCHES), clean
     assert killed["resumed_from"] == "snapshot" and killed["resumed_at"] == [1, 17], killed
-    assert killed["steps"] == 3 * BATCHES - 60, killed  # no step trained twice
+    assert killed["steps"] == 3 * BATCHES - 60, killed  # of the second attempt
     assert len(set(clean["checksums"])) == 1 and killed["checksums"] == clean["checksums"]
 
     client = mlflow.MlflowClient()
@@ -50,6 +52,10 @@ def test_a_rank_killed_mid_epoch_resumes_from_the_newest_snapshot_as_if_never_ki
         0.0, 1.0]
     assert [m.step for m in client.get_metric_history(killed_run, "loss")] == [0, 1, 2]
     assert [m.step for m in client.get_metric_history(clean_run, "loss")] == [0, 1, 2]
+    every_5 = {m.step: m.value for m in client.get_metric_history(clean_run, "step_loss")}
+    once = client.get_metric_history(killed_run, "step_loss")
+    assert sorted(m.step for m in once) == sorted(every_5) == list(range(5, 3 * BATCHES, 5))
+    assert {m.step: m.value for m in once} == every_5
     # the snapshots stayed on the host: none is an artifact of the run
     assert {a.path for a in client.list_artifacts(killed_run)} == {"attempts", "checkpoints"}
     # each job's folder went when its loop ended without an error
@@ -58,7 +64,8 @@ def test_a_rank_killed_mid_epoch_resumes_from_the_newest_snapshot_as_if_never_ki
     seen = told.out + told.err
     assert ("resuming from the snapshot of step 60 (epoch 1, after batch 16) held on "
             in seen), seen[-3000:]
-    assert "the run's latest checkpoint is of epoch 0" in seen
+    assert ("the run's latest checkpoint is of epoch 0; metric values at steps the run "
+            "already has are not logged again (latest: loss 0, step_loss 65)") in seen
     assert f"snapshots every 10 steps in {folder / clean_run} on each host: " in seen
 
 

@@ -187,10 +187,15 @@ class Snapshots:
         if self._world.rank == 0:
             tracking_api.set_tag("mlflow_hvd.resumed_from",
                                  f"{tracking_api.run_id()}@epoch_{epoch}_batch_{batch}")
+            # the steps since the snapshot run again: what they logged is in the run once
+            through = tracking_api.skip_repeated_steps()
             context.log_to_driver(
                 f"resuming from the snapshot of step {step} (epoch {epoch}, after batch "
                 f"{batch}) held on {self._hosts[holder]}; the run's latest checkpoint is "
                 + (f"of epoch {checkpoint}" if checkpoint >= 0 else "none")
+                + ("; metric values at steps the run already has are not logged again "
+                   "(latest: " + ", ".join(f"{k} {v}" for k, v in sorted(through.items()))
+                   + ")" if through else "")
                 + (f"; written by {len(rngs)} ranks, {self._world.size} now: each skips "
                    f"{skip} batches of its shard, and the RNG states are not restored"
                    if resized else ""))

@@ -122,7 +122,8 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     if logger is None:
         return
     ts = int(time.time() * 1000)
-    records = [rec.Metric(key, value, ts, int(step or 0)) for key, value in metrics.items()]
+    records = writes.unrepeated(logger, [rec.Metric(key, value, ts, int(step or 0))
+                                         for key, value in metrics.items()])
     for record in records:
         logger.put(record)
     writes.metrics_logged(logger, records, report=step is not None)
@@ -135,10 +136,32 @@ def log_batch_metrics(metrics: Mapping[str, float], step: int) -> None:
     if logger is None:
         return
     ts = int(time.time() * 1000)
-    records = [rec.Metric(key, value, ts, int(step)) for key, value in metrics.items()]
+    records = writes.unrepeated(logger, [rec.Metric(key, value, ts, int(step))
+                                         for key, value in metrics.items()])
     for record in records:
         logger.put(record)
     writes.metrics_logged(logger, records, per_batch=True)
+
+
+def skip_repeated_steps() -> dict[str, int]:
+    """Rank 0, as a retried attempt resumes from a snapshot taken before the failure: from
+    now on a metric value at a step the run already has for its key (the latest one logged,
+    read from the server now) is not logged again, through any API. Returns those latest
+    steps; empty elsewhere, or when the server cannot be read (then nothing is skipped)."""
+    logger = _require()
+    if logger is None:
+        return {}
+    try:
+        run = logger.client.get_run(logger.target.run_id)
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        return {}
+    # the proto of the run's metrics: their latest values with their steps (public API)
+    latest = {m.key: int(m.step) for m in run.data.to_proto().metrics
+              if not m.key.startswith(("system/", "mlflow_hvd."))}
+    logger.repeated_through = latest
+    return latest
 
 
 def set_tag(key: str, value: Any) -> None:

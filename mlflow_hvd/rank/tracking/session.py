@@ -75,6 +75,10 @@ class RankLogger:
         self._params: dict[str, str] = {}
         self.source_tags: dict[str, str] = {}  # the driver's program, for log_model
         self.last_step = 0  # the latest step logged: a model is linked to its metrics
+        # after a resume from a snapshot: per metric key, the latest step the run has (the
+        # steps since the snapshot run again; their values are not logged twice)
+        self.repeated_through: dict[str, int] = {}
+        self.repeats_skipped = 0
         self._artifacts_checked = False
         facts = target.facts
         if facts is None:  # a restarted attempt: ask the server what the run has now

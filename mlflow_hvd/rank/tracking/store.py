@@ -192,8 +192,9 @@ class JobStore(AbstractStore):
         records: list[rec.Record] = []
         records += (writes.params(logger, given) if logger is not None
                     else [rec.Param(k, str(v)) for k, v in given.items()])
-        logged = [rec.Metric(m.key, m.value, int(m.timestamp), int(m.step or 0), m.model_id,
-                             m.dataset_name, m.dataset_digest) for m in metrics or ()]
+        logged = writes.unrepeated(logger, [
+            rec.Metric(m.key, m.value, int(m.timestamp), int(m.step or 0), m.model_id,
+                       m.dataset_name, m.dataset_digest) for m in metrics or ()])
         records += logged
         records += [rec.Tag(t.key, str(t.value)) for t in tags or ()]
         if records:

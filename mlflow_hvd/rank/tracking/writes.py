@@ -7,7 +7,9 @@ MLflow's own API through the job's store (:mod:`.store`):
 * the latest step logged moves with every metric that is not a per-batch series: a model
   logged next is linked to the run's metrics at that step;
 * a sweep that prunes hears each metric of an epoch (not one evaluating a logged model:
-  MLflow's ``model_id`` is set on those).
+  MLflow's ``model_id`` is set on those);
+* after a resume from a snapshot, a metric value at a step the run already has for its key
+  is not logged again (:func:`unrepeated`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ def params(logger: RankLogger, given: Mapping[str, Any],
         if logger.check_param(key, text, keep_existing):
             out.append(rec.Param(key, text))
     return out
+
+
+def unrepeated(logger: RankLogger | None, metrics: list[rec.Metric]) -> list[rec.Metric]:
+    """``metrics`` without the values at steps an earlier attempt already logged for their
+    key: a loop resumed from a snapshot runs the steps since it again."""
+    if logger is None or not logger.repeated_through:
+        return metrics
+    kept = [m for m in metrics if m.step > logger.repeated_through.get(m.key, -1)]
+    logger.repeats_skipped += len(metrics) - len(kept)
+    return kept
 
 
 def metrics_logged(logger: RankLogger, metrics: Sequence[rec.Metric],

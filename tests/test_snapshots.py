@@ -92,3 +92,22 @@ def test_horovod_torch_snapshots_are_one_file_per_host_and_restore_every_rank(
     assert out["left"] == [], out  # this run's folder, removed
     assert mlflow.MlflowClient().get_run(run_id).data.tags["mlflow_hvd.resumed_from"] == (
         f"{run_id}@epoch_0_batch_3")
+
+
+@pytest.mark.slow
+def test_a_write_cut_short_is_ignored_and_a_full_disk_skips_the_snapshot(
+        store: str, warm_ranks: Any, tmp_path: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Faults: the ``.partial`` file of a writer killed mid-write is removed and the newest
+    complete snapshot restored; a snapshot the disk refuses is skipped and said, the
+    training step returns, and the next snapshot is written."""
+    out = warm_ranks.run(workers.snapshot_faults, folder=str(tmp_path / "snapshots"))
+    assert out["position"] == [0, 2, "snapshot"] and out["restored"] == [True, True], out
+    assert out["partial_left"] is False, out
+    assert out["skipped"] == 1, out  # rank 0's: the step of batch 2
+    assert out["files"] == ["step-0000000002-epoch-0-batch-1.pt",
+                            "step-0000000004-epoch-0-batch-3.pt"], out
+    told = capfd.readouterr()
+    assert ("snapshot step-0000000003-epoch-0-batch-2.pt skipped on "
+            in told.out + told.err), (told.out + told.err)[-3000:]
+    assert "File too large" in told.out + told.err

@@ -1925,3 +1925,61 @@ def snapshot_round_trip(folder: str) -> dict[str, Any]:
     return {"position": [position.epoch, position.batch, position.source], "written": written,
             "restored": hvd.allgather_object(restored), "rng": bool(torch.equal(draw, again)),
             "adam_steps": steps, "left": sorted(os.listdir(folder))}
+
+
+def snapshot_faults(folder: str) -> dict[str, Any]:
+    """``horovod.torch``, snapshots every step: a write cut short by a kill (its
+    ``.partial`` file beside two complete snapshots) is removed and the newest complete one
+    restored; then rank 0's files limited below a snapshot's size (a full disk's
+    ``OSError``, EFBIG here) skip the snapshot, say so, and training goes on."""
+    import resource
+
+    import horovod.torch as hvd
+    import torch
+
+    from mlflow_hvd.torch import Snapshots
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+
+    def train_step(snapshots: Snapshots, batch: int) -> None:
+        optimizer.zero_grad()
+        model(torch.ones(2, 64)).sum().backward()
+        optimizer.step()
+        snapshots.step(0, batch)
+        snapshots.flush()
+
+    with Snapshots(model, optimizer, every=1, directory=folder) as first:
+        for batch in range(2):
+            train_step(first, batch)
+        kept = [p.detach().clone() for p in model.parameters()]
+        directory = first.directory or ""
+        partial = os.path.join(directory, "step-0000000003-epoch-0-batch-2.pt.partial")
+        if hvd.rank() == 0:
+            with open(partial, "wb") as f:
+                f.write(b"cut short")
+        hvd.allreduce(torch.zeros(1), name="partial_written")
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        second = Snapshots(model, optimizer, every=1, directory=folder)
+        position = second.resume()
+        restored = all(torch.equal(p, k) for p, k in zip(model.parameters(), kept, strict=True))
+        partial_left = os.path.exists(partial)
+        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+        old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        if hvd.rank() == 0:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limits[1]))
+        try:
+            train_step(second, 2)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+            signal.signal(signal.SIGXFSZ, old_handler)
+        train_step(second, 3)  # the disk has room again
+        files = sorted(os.listdir(directory))
+    return {"position": [position.epoch, position.batch, position.source],
+            "restored": hvd.allgather_object(restored), "partial_left": partial_left,
+            "skipped": second.skipped, "files": files}

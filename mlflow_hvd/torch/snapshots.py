@@ -242,15 +242,23 @@ class Snapshots:
         final = os.path.join(self.directory, name)
         partial = final + ".partial"
         started = time.monotonic()
+        file: _Recorded | None = None
         try:
-            torch.save(copied, partial)
+            with open(partial, "wb") as raw:
+                file = _Recorded(raw)
+                torch.save(copied, file)  # type: ignore[arg-type]
             os.replace(partial, final)
-        except OSError as exc:  # a full disk: skipped, training goes on
+        except (OSError, RuntimeError) as exc:  # a full disk: skipped, training goes on
+            # torch.save reports its file's OSError as a RuntimeError of its own
+            cause: BaseException = exc
+            if file is not None and file.error is not None:
+                cause = file.error
             with contextlib.suppress(OSError):
                 os.unlink(partial)
             self.skipped += 1
-            log.warning("snapshot %s skipped: %s; training goes on", name, exc)
-            context.log_to_driver(f"snapshot {name} skipped on {socket.gethostname()}: {exc}")
+            log.warning("snapshot %s skipped: %s; training goes on", name, cause)
+            context.log_to_driver(f"snapshot {name} skipped on {socket.gethostname()}: "
+                                  f"{cause}; training goes on")
             return
         self.taken += 1
         for old in _held(self.directory)[:-KEEP]:
@@ -263,6 +271,25 @@ class Snapshots:
                 f"snapshots every {self._every} steps in {self.directory} on each host: "
                 f"{size:.1f} MiB each, {KEEP} kept ({KEEP * size:.1f} MiB); the first took "
                 f"{time.monotonic() - started:.2f}s to write")
+
+
+class _Recorded:
+    """A file for ``torch.save`` that keeps the ``OSError`` of a failed write (ENOSPC),
+    which ``torch.save`` turns into a RuntimeError naming neither."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self.raw.write(data))
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.raw.flush()
 
 
 def _name(step: int, epoch: int, batch: int) -> str:

@@ -212,9 +212,11 @@ class Snapshots:
         """Every rank: a snapshot now, after ``batch`` of ``epoch`` (a collective). The
         state is copied on this thread; the host's writer writes it beside training. A
         snapshot due while the previous one is still being written is skipped."""
+        if self.directory is None:  # no run to name them (every rank knows): none taken
+            return
         rng = _get_rng()
         rngs = self._world.all_gather(rng) if self._world.size > 1 else [rng]
-        if not self._writer or self.directory is None:
+        if not self._writer:
             return
         if self._thread is not None and self._thread.is_alive():
             self.skipped += 1

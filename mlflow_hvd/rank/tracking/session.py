@@ -78,7 +78,6 @@ class RankLogger:
         # after a resume from a snapshot: per metric key, the latest step the run has (the
         # steps since the snapshot run again; their values are not logged twice)
         self.repeated_through: dict[str, int] = {}
-        self.repeats_skipped = 0
         self._artifacts_checked = False
         facts = target.facts
         if facts is None:  # a restarted attempt: ask the server what the run has now

@@ -43,9 +43,7 @@ def unrepeated(logger: RankLogger | None, metrics: list[rec.Metric]) -> list[rec
     key: a loop resumed from a snapshot runs the steps since it again."""
     if logger is None or not logger.repeated_through:
         return metrics
-    kept = [m for m in metrics if m.step > logger.repeated_through.get(m.key, -1)]
-    logger.repeats_skipped += len(metrics) - len(kept)
-    return kept
+    return [m for m in metrics if m.step > logger.repeated_through.get(m.key, -1)]
 
 
 def metrics_logged(logger: RankLogger, metrics: Sequence[rec.Metric],
